@@ -1,0 +1,250 @@
+"""CIFAR-10 binary reader feeding a multi-threaded shuffle_batch queue.
+
+The reference design's input pipeline, rebuilt for TensorFlow 2.x in TF1 graph
+mode: string_input_producer -> FixedLengthRecordReader -> decode_raw ->
+CHW to HWC -> (augmentation) -> per-image standardization ->
+tf.train.shuffle_batch with 16 preprocessing threads.
+
+Unlike the reference it validates the data before building any graph, sizes
+its queues from the records actually present, seeds file order and shuffling
+per task so that workers do not read the same sequence, and keeps the
+augmentation and standardization the reference had commented out (switchable,
+to reproduce its raw-pixel run).
+"""
+
+import glob
+import os
+import re
+
+import numpy as np
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+
+IMAGE_SIZE = 32
+NUM_CLASSES = 10
+NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN = 50000
+NUM_EXAMPLES_PER_EPOCH_FOR_EVAL = 10000
+
+# Record layout: 1 label byte, then 1024 red, 1024 green, 1024 blue bytes,
+# each plane row-major 32x32.
+cifar_label_bytes = 1
+cifar_height = 32
+cifar_width = 32
+cifar_depth = 3
+IMAGE_BYTES = cifar_height * cifar_width * cifar_depth
+RECORD_BYTES = cifar_label_bytes + IMAGE_BYTES
+
+TRAIN_PATTERN = 'data_batch_*.bin'
+TEST_FILE = 'test_batch.bin'
+
+# The reference keeps 40% of an epoch in the shuffle queue (20,000 records for
+# CIFAR-10); we keep that fraction of the records present, capped at the
+# reference's 20,000 so that a bigger dataset does not grow memory without end.
+MIN_FRACTION_OF_EXAMPLES_IN_QUEUE = 0.4
+MAX_MIN_QUEUE_EXAMPLES = 20000
+
+# Augmentation of the TensorFlow CIFAR-10 tutorial, which the reference
+# commented out: pad 4 pixels and crop back, flip, jitter brightness/contrast.
+PAD_PIXELS = 4
+MAX_BRIGHTNESS_DELTA = 63
+CONTRAST_RANGE = (0.2, 1.8)
+
+
+class DataError(ValueError):
+  """The CIFAR-10 data on disk is missing or malformed."""
+
+
+def data_files(data_dir, eval_data):
+  """Returns the sorted list of files to read, checking that they exist.
+
+  Args:
+    data_dir: Directory holding `data_batch_*.bin` and `test_batch.bin`.
+    eval_data: Python bool; True reads `test_batch.bin`, False the training
+      files.
+
+  Returns:
+    A list of file paths, training files in numeric order.
+
+  Raises:
+    DataError: if the directory or the files are missing.
+  """
+  if not os.path.isdir(data_dir):
+    raise DataError(
+        'data directory %s does not exist: pass --data_dir=DIR holding the '
+        'CIFAR-10 binary files, or make synthetic ones with '
+        'scripts/make_synthetic_cifar10.py --data_dir=DIR' % data_dir)
+  if eval_data:
+    files = [os.path.join(data_dir, TEST_FILE)]
+    if not os.path.isfile(files[0]):
+      raise DataError('%s is missing: the test set of the CIFAR-10 binary '
+                      'version is needed for evaluation' % files[0])
+    return files
+  files = glob.glob(os.path.join(data_dir, TRAIN_PATTERN))
+  if not files:
+    raise DataError('no %s in %s: --data_dir must hold the CIFAR-10 binary '
+                    'files (cifar-10-batches-bin)' % (TRAIN_PATTERN, data_dir))
+  return sorted(files, key=lambda f: [int(t) if t.isdigit() else t
+                                      for t in re.split(r'(\d+)', f)])
+
+
+def count_records(files):
+  """Validates each file's size and labels; returns the number of records.
+
+  Args:
+    files: Paths of CIFAR-10 binary files.
+
+  Returns:
+    The total number of records in `files`.
+
+  Raises:
+    DataError: naming the first file whose size is not a positive multiple of
+      the record size, or which holds a label byte of NUM_CLASSES or more.
+  """
+  total = 0
+  for path in files:
+    size = os.path.getsize(path)
+    if size == 0 or size % RECORD_BYTES:
+      raise DataError(
+          '%s has %d bytes, not a positive multiple of the %d-byte CIFAR-10 '
+          'record: the file is truncated or not CIFAR-10 binary data; '
+          'download or generate it again' % (path, size, RECORD_BYTES))
+    labels = np.fromfile(path, dtype=np.uint8).reshape(-1, RECORD_BYTES)[:, 0]
+    bad = np.flatnonzero(labels >= NUM_CLASSES)
+    if bad.size:
+      raise DataError(
+          '%s: record %d has label %d, but labels must be 0..%d: the file is '
+          'corrupt or not CIFAR-10 data' % (path, bad[0], labels[bad[0]],
+                                            NUM_CLASSES - 1))
+    total += labels.size
+  return total
+
+
+def check_data(data_dir, eval_data):
+  """Returns (files, number of records) after validating them.
+
+  Args:
+    data_dir: Directory of the CIFAR-10 binary files.
+    eval_data: Python bool, True for the test set.
+
+  Raises:
+    DataError: with one line saying what is wrong and how to fix it.
+  """
+  files = data_files(data_dir, eval_data)
+  return files, count_records(files)
+
+
+def num_records(data_dir, eval_data):
+  """Returns the number of records in the data files, from their sizes."""
+  return sum(os.path.getsize(f) for f in data_files(data_dir, eval_data)
+             ) // RECORD_BYTES
+
+
+def queue_sizes(num_records, batch_size):
+  """Returns (min_after_dequeue, capacity) for the batching queue.
+
+  The reference's 40% of an epoch, counted on the records present (so a
+  100-record dataset neither stalls nor needs 20,000 records), at most
+  MAX_MIN_QUEUE_EXAMPLES, with room for three more batches.
+  """
+  min_queue_examples = min(
+      int(num_records * MIN_FRACTION_OF_EXAMPLES_IN_QUEUE),
+      MAX_MIN_QUEUE_EXAMPLES)
+  return min_queue_examples, min_queue_examples + 3 * batch_size
+
+
+def read_cifar10(filename_queue):
+  """Reads one record; returns (uint8 image [32, 32, 3], int32 label [1]).
+
+  Args:
+    filename_queue: A queue of file names, from string_input_producer.
+  """
+  reader = tf1.FixedLengthRecordReader(record_bytes=RECORD_BYTES)
+  _, value = reader.read(filename_queue)
+  record = tf1.decode_raw(value, tf.uint8)
+  label = tf.cast(tf.strided_slice(record, [0], [cifar_label_bytes]),
+                  tf.int32)
+  depth_major = tf.reshape(
+      tf.strided_slice(record, [cifar_label_bytes], [RECORD_BYTES]),
+      [cifar_depth, cifar_height, cifar_width])
+  # The file stores colour planes (CHW); the network wants HWC.
+  return tf.transpose(depth_major, [1, 2, 0]), label
+
+
+def preprocess(image, distort, standardize):
+  """Turns a uint8 HWC image into the float32 network input.
+
+  Args:
+    image: uint8 tensor [32, 32, 3].
+    distort: Python bool, apply training augmentation.
+    standardize: Python bool, apply per-image standardization.
+
+  Returns:
+    float32 tensor [32, 32, 3]; raw 0..255 values when both are False.
+  """
+  image = tf.cast(image, tf.float32)
+  if distort:
+    padded = tf.image.pad_to_bounding_box(
+        image, PAD_PIXELS, PAD_PIXELS, IMAGE_SIZE + 2 * PAD_PIXELS,
+        IMAGE_SIZE + 2 * PAD_PIXELS)
+    image = tf1.random_crop(padded, [IMAGE_SIZE, IMAGE_SIZE, cifar_depth])
+    image = tf.image.random_flip_left_right(image)
+    image = tf.image.random_brightness(image, max_delta=MAX_BRIGHTNESS_DELTA)
+    image = tf.image.random_contrast(image, *CONTRAST_RANGE)
+  if standardize:
+    image = tf.image.per_image_standardization(image)
+  image.set_shape([IMAGE_SIZE, IMAGE_SIZE, cifar_depth])
+  return image
+
+
+def generate_batch_inputs(eval_data, shuffle, data_dir, batch_size,
+                          num_preprocess_threads=16, distort=None,
+                          standardize=True, seed=None, num_epochs=None):
+  """Builds the input pipeline; returns (images, labels) batches.
+
+  Args:
+    eval_data: Python bool; True reads `test_batch.bin`, False reads
+      `data_batch_*.bin`.
+    shuffle: Python bool; shuffle_batch when True, an in-order batch when
+      False.
+    data_dir: Directory of the CIFAR-10 binary files.
+    batch_size: Number of examples per batch.
+    num_preprocess_threads: Threads that read and preprocess records.
+    distort: Python bool, training augmentation; defaults to `not eval_data`.
+    standardize: Python bool, per-image standardization.
+    seed: Optional int seeding file order and shuffling; give each task its
+      own so that workers read different sequences.
+    num_epochs: None repeats forever; an int reads every record that many
+      times and then raises OutOfRangeError, with a smaller final batch (the
+      evaluator uses 1, with one thread, to see each record exactly once).
+
+  Returns:
+    images: float32 [batch_size, 32, 32, 3] (the last batch may be smaller
+      when num_epochs is set).
+    labels: int32 [batch_size].
+
+  Raises:
+    DataError: before any op is built, if the data is missing or malformed.
+  """
+  if distort is None:
+    distort = not eval_data
+  files, num_records = check_data(data_dir, eval_data)
+  min_queue_examples, capacity = queue_sizes(num_records, batch_size)
+  with tf.name_scope('input'):
+    filename_queue = tf1.train.string_input_producer(
+        files, shuffle=shuffle, seed=seed, num_epochs=num_epochs)
+    image, label = read_cifar10(filename_queue)
+    image = preprocess(image, distort, standardize)
+    label.set_shape([1])
+    if shuffle:
+      images, label_batch = tf1.train.shuffle_batch(
+          [image, label], batch_size=batch_size,
+          num_threads=num_preprocess_threads, capacity=capacity,
+          min_after_dequeue=min_queue_examples, seed=seed,
+          allow_smaller_final_batch=num_epochs is not None)
+    else:
+      images, label_batch = tf1.train.batch(
+          [image, label], batch_size=batch_size,
+          num_threads=num_preprocess_threads, capacity=capacity,
+          allow_smaller_final_batch=num_epochs is not None)
+  return images, tf.reshape(label_batch, [-1])

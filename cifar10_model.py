@@ -1,0 +1,117 @@
+"""The reference's small tf-slim conv/BatchNorm network for CIFAR-10.
+
+Layer for layer and scope for scope the reference network, with its bugs
+fixed: the L2 weight decay is part of the loss, BatchNorm moving statistics
+are ordinary non-trainable variables updated through the UPDATE_OPS
+collection (the trainer decides when they run), the logits layer has no
+BatchNorm, dropout only acts in training, and inference mode normalizes with
+the moving statistics.
+"""
+
+import tensorflow as tf
+from tensorflow.python.framework import ops as _tf_ops
+
+import cifar10_input
+
+# Compatibility fix, the only one: tf-slim 1.1.0 (its last release) tests
+# `isinstance(x, ops.Tensor)` in layers/utils.py, and TensorFlow 2.21's
+# tensorflow.python.framework.ops no longer has `Tensor`, so slim.batch_norm
+# raises AttributeError. Point the old name at the public class before
+# tf-slim is imported.
+if not hasattr(_tf_ops, 'Tensor'):
+  _tf_ops.Tensor = tf.Tensor
+
+import tf_slim as slim  # pylint: disable=g-import-not-at-top
+
+tf1 = tf.compat.v1
+
+NUM_CLASSES = cifar10_input.NUM_CLASSES
+WEIGHT_DECAY = 0.004
+BATCH_NORM_DECAY = 0.995
+BATCH_NORM_EPSILON = 0.001
+
+
+def inference(images, is_training=True, dropout_keep_prob=0.8,
+              num_class=NUM_CLASSES, reuse=tf1.AUTO_REUSE):
+  """Builds the network; returns logits [batch, num_class].
+
+  Args:
+    images: float32 [batch, 32, 32, 3].
+    is_training: Python bool or bool tensor. True: BatchNorm normalizes with
+      the batch statistics and adds its moving-average updates to
+      tf.GraphKeys.UPDATE_OPS; dropout is on. False: moving statistics,
+      no dropout.
+    dropout_keep_prob: Probability of keeping an activation in training.
+    num_class: Number of classes.
+    reuse: Variable reuse, as in the reference.
+  """
+  batch_norm_params = {
+      'decay': BATCH_NORM_DECAY,
+      'epsilon': BATCH_NORM_EPSILON,
+      # The moving statistics stay out of the trainable collection (so the
+      # optimizer never sees them) and their updates go to UPDATE_OPS, so
+      # they run with the training step, not with every forward pass.
+      # Given as a list on purpose: slim compares this argument with the
+      # UPDATE_OPS string by identity and, when it is that very string,
+      # builds tf.layers.BatchNormalization, which TensorFlow 2.21 imports
+      # from the tf_keras package. The list keeps slim on its own fused
+      # batch norm: same variables and maths, one fused kernel, no tf_keras.
+      'updates_collections': [tf1.GraphKeys.UPDATE_OPS],
+  }
+  with slim.arg_scope([slim.conv2d, slim.fully_connected],
+                      weights_initializer=slim.initializers.xavier_initializer(),
+                      weights_regularizer=slim.l2_regularizer(WEIGHT_DECAY),
+                      normalizer_fn=slim.batch_norm,
+                      normalizer_params=batch_norm_params):
+    return inference_in(images, is_training=is_training,
+                        dropout_keep_prob=dropout_keep_prob,
+                        num_class=num_class, reuse=reuse)
+
+
+def inference_in(inputs, is_training=True, dropout_keep_prob=0.8,
+                 num_class=NUM_CLASSES, reuse=tf1.AUTO_REUSE,
+                 scope='InceptionResnetV2'):
+  """The layers, under the reference's scope names (see inference())."""
+  with tf1.variable_scope(scope, 'InceptionResnetV2', [inputs], reuse=reuse):
+    with slim.arg_scope([slim.batch_norm, slim.dropout],
+                        is_training=is_training):
+      with slim.arg_scope([slim.conv2d, slim.max_pool2d, slim.avg_pool2d],
+                          stride=1, padding='SAME'):
+        # 15 x 15 x 32
+        net = slim.conv2d(inputs, 32, 3, stride=2, padding='VALID',
+                          scope='Conv2d_1a_3x3')
+        # 13 x 13 x 32
+        net = slim.conv2d(net, 32, 3, padding='VALID', scope='Conv2d_2a_3x3')
+        # 13 x 13 x 64
+        net = slim.conv2d(net, 64, 3, scope='Conv2d_2b_3x3')
+        # 6 x 6 x 64
+        net = slim.max_pool2d(net, 3, stride=2, padding='VALID',
+                              scope='MaxPool_3a_3x3')
+        # 6 x 6 x 80
+        net = slim.conv2d(net, 80, 1, padding='VALID', scope='Conv2d_3b_1x1')
+        # 4 x 4 x 192
+        net = slim.conv2d(net, 192, 3, padding='VALID', scope='Conv2d_4a_3x3')
+        # 2 x 2 x 192
+        net = slim.max_pool2d(net, 2, stride=2, padding='VALID',
+                              scope='MaxPool_5a_3x3')
+        net = tf.reshape(net, shape=[-1, 192 * 2 * 2])
+        net = slim.dropout(net, dropout_keep_prob, scope='Dropout')
+        # The reference normalized its logits too; logits get a bias instead.
+        return slim.fully_connected(net, num_class, activation_fn=None,
+                                    normalizer_fn=None, scope='Logits')
+
+
+def loss(logits, labels):
+  """Returns the total loss: mean cross entropy plus the L2 weight decay.
+
+  Args:
+    logits: float32 [batch, num_class], from inference().
+    labels: integer [batch].
+  """
+  cross_entropy = tf.reduce_mean(
+      tf.nn.sparse_softmax_cross_entropy_with_logits(
+          labels=tf.cast(labels, tf.int64), logits=logits),
+      name='cross_entropy')
+  regularization = tf.add_n(tf1.losses.get_regularization_losses(),
+                            name='regularization_loss')
+  return tf.add(cross_entropy, regularization, name='total_loss')

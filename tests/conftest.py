@@ -1,0 +1,112 @@
+"""Shared fixtures: tiny datasets on disk, free ports, processes killed by PID."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, 'scripts'))
+
+import make_synthetic_cifar10  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+TRAINER = os.path.join(ROOT, 'train_distributed.py')
+
+
+@pytest.fixture(scope='session')
+def tiny_data(tmp_path_factory):
+  """A synthetic CIFAR-10 directory: 5 x 40 training and 50 test records."""
+  data_dir = str(tmp_path_factory.mktemp('cifar10') / 'cifar-10-batches-bin')
+  make_synthetic_cifar10.main(['--data_dir', data_dir, '--train_records',
+                               '40', '--test_records', '50', '--seed', '1'])
+  return data_dir
+
+
+def free_ports(n):
+  """Returns n distinct TCP ports that are free on all interfaces now."""
+  socks = []
+  try:
+    for _ in range(n):
+      s = socket.socket()
+      s.bind(('', 0))  # TensorFlow's servers listen on all interfaces.
+      socks.append(s)
+    return [s.getsockname()[1] for s in socks]
+  finally:
+    for s in socks:
+      s.close()
+
+
+class Processes:
+  """Starts processes with logs in a folder; kills exactly those, by PID."""
+
+  def __init__(self, log_dir):
+    self.log_dir = log_dir
+    self.procs = {}
+
+  def start(self, name, args, env=None):
+    """Starts `python args...` with output to LOG_DIR/name.log."""
+    log = open(os.path.join(self.log_dir, name + '.log'), 'w')
+    full_env = dict(os.environ, PYTHONUNBUFFERED='1', **(env or {}))
+    proc = subprocess.Popen([sys.executable] + list(args), stdout=log,
+                            stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
+    log.close()
+    self.procs[name] = proc
+    return proc
+
+  def trainer(self, name, *flags, env=None):
+    """Starts train_distributed.py with the given flags."""
+    return self.start(name, [TRAINER] + list(flags), env=env)
+
+  def log(self, name):
+    with open(os.path.join(self.log_dir, name + '.log')) as f:
+      return f.read()
+
+  def wait_all(self, timeout):
+    """Waits for every process; returns {name: exit code}.
+
+    Fails the test, with each log's tail, if one is still running after
+    `timeout` seconds (counted from this call).
+    """
+    deadline = time.time() + timeout
+    codes = {}
+    for name, proc in self.procs.items():
+      try:
+        codes[name] = proc.wait(max(0.1, deadline - time.time()))
+      except subprocess.TimeoutExpired:
+        pytest.fail('%s still running after %d s; logs:\n%s' %
+                    (name, timeout, self.tails()))
+    return codes
+
+  def wait_for_line(self, name, text, timeout):
+    """Waits until `text` appears in the log of `name`."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+      if text in self.log(name):
+        return
+      if self.procs[name].poll() is not None:
+        break
+      time.sleep(0.2)
+    pytest.fail('%r never appeared in %s; logs:\n%s' % (text, name,
+                                                         self.tails()))
+
+  def tails(self, lines=15):
+    return '\n'.join('--- %s\n%s' % (n, '\n'.join(
+        self.log(n).splitlines()[-lines:])) for n in self.procs)
+
+  def kill_all(self):
+    for proc in self.procs.values():
+      if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.fixture
+def procs(tmp_path):
+  p = Processes(str(tmp_path))
+  yield p
+  p.kill_all()

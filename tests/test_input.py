@@ -1,0 +1,163 @@
+"""The binary reader and its queue, on hand-made and synthetic records."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import cifar10_input
+
+tf1 = tf.compat.v1
+
+
+def write_records(path, labels, images_chw):
+  """Writes CIFAR-10 records: label byte then CHW image bytes."""
+  rec = np.concatenate([np.asarray(labels, np.uint8)[:, None],
+                        images_chw.reshape(len(labels), -1)], axis=1)
+  rec.astype(np.uint8).tofile(path)
+
+
+@pytest.fixture
+def handmade(tmp_path):
+  """Two training files and a test file with known, distinct contents."""
+  rng = np.random.default_rng(7)
+  data = {}
+  for name, labels in [('data_batch_1.bin', [3, 1, 4]),
+                       ('data_batch_2.bin', [1, 5]),
+                       ('test_batch.bin', [9, 2, 6, 5])]:
+    images = rng.integers(0, 256, size=(len(labels), 3, 32, 32),
+                          dtype=np.uint8)
+    write_records(str(tmp_path / name), labels, images)
+    data[name] = (labels, images)
+  return str(tmp_path), data
+
+
+def read_batches(data_dir, eval_data, batch_size, num_batches=1, **kwargs):
+  """Builds the pipeline in a fresh graph; returns num_batches batches."""
+  kwargs.setdefault('num_preprocess_threads', 1)  # One thread keeps order.
+  kwargs.setdefault('distort', False)
+  kwargs.setdefault('standardize', False)
+  kwargs.setdefault('shuffle', False)
+  with tf.Graph().as_default():
+    images, labels = cifar10_input.generate_batch_inputs(
+        eval_data=eval_data, data_dir=data_dir, batch_size=batch_size,
+        **kwargs)
+    with tf1.train.MonitoredSession() as sess:
+      return [sess.run([images, labels]) for _ in range(num_batches)]
+
+
+def test_decodes_handmade_records_exactly(handmade):
+  data_dir, data = handmade
+  (images, labels), = read_batches(data_dir, eval_data=False, batch_size=5)
+  want_labels = data['data_batch_1.bin'][0] + data['data_batch_2.bin'][0]
+  want_chw = np.concatenate([data['data_batch_1.bin'][1],
+                             data['data_batch_2.bin'][1]])
+  assert labels.tolist() == want_labels
+  assert images.dtype == np.float32 and labels.dtype == np.int32
+  assert images.shape == (5, 32, 32, 3)
+  # Pixel (y, x) of channel c is byte 1 + c*1024 + y*32 + x of the record.
+  raw = np.fromfile(os.path.join(data_dir, 'data_batch_1.bin'), np.uint8)
+  assert images[0, 0, 0, 0] == raw[1]
+  assert images[0, 0, 1, 0] == raw[1 + 1]
+  assert images[0, 1, 0, 0] == raw[1 + 32]
+  assert images[0, 0, 0, 1] == raw[1 + 1024]
+  assert images[0, 31, 31, 2] == raw[3072]
+  assert images[1, 5, 7, 2] == raw[3073 + 1 + 2048 + 5 * 32 + 7]
+  np.testing.assert_array_equal(images, want_chw.transpose(0, 2, 3, 1))
+
+
+def test_eval_reads_only_the_test_file(handmade):
+  data_dir, data = handmade
+  batches = read_batches(data_dir, eval_data=True, batch_size=4,
+                         num_batches=2)
+  labels, images = data['test_batch.bin']
+  for got_images, got_labels in batches:
+    assert got_labels.tolist() == labels
+    np.testing.assert_array_equal(got_images, images.transpose(0, 2, 3, 1))
+
+
+def test_one_epoch_sees_every_record_once_with_a_partial_last_batch(handmade):
+  data_dir, data = handmade
+  with tf.Graph().as_default():
+    images, labels = cifar10_input.generate_batch_inputs(
+        eval_data=True, shuffle=False, data_dir=data_dir, batch_size=3,
+        num_preprocess_threads=1, num_epochs=1)
+    seen = []
+    with tf1.train.MonitoredSession() as sess:
+      while not sess.should_stop():
+        seen.append(sess.run(labels).tolist())
+  assert seen == [[9, 2, 6], [5]]
+
+
+def test_preprocessing_standardizes_and_augments(tiny_data):
+  (images, _), = read_batches(tiny_data, eval_data=False, batch_size=16,
+                              standardize=True, distort=True)
+  assert images.shape == (16, 32, 32, 3)
+  np.testing.assert_allclose(images.mean(axis=(1, 2, 3)), 0, atol=1e-3)
+  np.testing.assert_allclose(images.std(axis=(1, 2, 3)), 1, atol=1e-2)
+
+
+def test_shuffle_batch_uses_16_threads_and_sizes_queue_from_data(tiny_data):
+  with tf.Graph().as_default():
+    cifar10_input.generate_batch_inputs(
+        eval_data=False, shuffle=True, data_dir=tiny_data, batch_size=8)
+    runners = tf1.get_collection(tf1.GraphKeys.QUEUE_RUNNERS)
+    batch_runner, = [r for r in runners if 'shuffle_batch' in r.name]
+    assert len(batch_runner.enqueue_ops) == 16
+  # 200 records: 40% is 80 kept after dequeue, plus 3 batches of room.
+  assert cifar10_input.queue_sizes(200, 8) == (80, 104)
+  assert cifar10_input.queue_sizes(50000, 128) == (20000, 20384)
+  assert cifar10_input.queue_sizes(10 ** 6, 128) == (20000, 20384)
+
+
+def test_a_100_record_dataset_does_not_stall(tmp_path):
+  rng = np.random.default_rng(0)
+  write_records(str(tmp_path / 'data_batch_1.bin'),
+                rng.integers(0, 10, 100),
+                rng.integers(0, 256, (100, 3, 32, 32), dtype=np.uint8))
+  batches = read_batches(str(tmp_path), eval_data=False, batch_size=64,
+                         num_batches=4, shuffle=True, num_preprocess_threads=4)
+  assert [b[0].shape[0] for b in batches] == [64] * 4
+
+
+def test_seed_changes_the_order(tiny_data):
+  def first_labels(seed):
+    (_, labels), = read_batches(tiny_data, eval_data=False, batch_size=32,
+                                shuffle=True, seed=seed)
+    return labels.tolist()
+  assert first_labels(1) == first_labels(1)
+  assert first_labels(1) != first_labels(2)
+
+
+@pytest.mark.parametrize('setup, message', [
+    (lambda d: None, 'does not exist'),
+    (lambda d: os.makedirs(d), 'no data_batch_*.bin'),
+    (lambda d: (os.makedirs(d),
+                np.zeros(3073 * 2 - 1, np.uint8).tofile(d + '/data_batch_1.bin')),
+     'has 6145 bytes, not a positive multiple of the 3073-byte'),
+    (lambda d: (os.makedirs(d),
+                open(d + '/data_batch_1.bin', 'w').close()),
+     'has 0 bytes'),
+    (lambda d: (os.makedirs(d),
+                np.full(3073 * 3, 10, np.uint8).tofile(d + '/data_batch_1.bin')),
+     'record 0 has label 10, but labels must be 0..9'),
+])
+def test_bad_data_is_reported_before_any_graph_is_built(tmp_path, setup,
+                                                         message):
+  data_dir = str(tmp_path / 'data')
+  setup(data_dir)
+  with tf.Graph().as_default() as graph:
+    with pytest.raises(cifar10_input.DataError) as err:
+      cifar10_input.generate_batch_inputs(False, True, data_dir, 8)
+    assert not graph.get_operations()
+  assert message in str(err.value)
+  assert '\n' not in str(err.value)
+
+
+def test_missing_test_file(handmade):
+  data_dir, _ = handmade
+  os.remove(os.path.join(data_dir, 'test_batch.bin'))
+  with pytest.raises(cifar10_input.DataError, match='test_batch.bin is missing'):
+    cifar10_input.check_data(data_dir, eval_data=True)
+  assert cifar10_input.check_data(data_dir, eval_data=False)[1] == 5

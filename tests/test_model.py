@@ -1,0 +1,113 @@
+"""The reference network: shape, size, BatchNorm, regularization, tf-slim fix."""
+
+import numpy as np
+import tensorflow as tf
+
+import cifar10_model
+
+tf1 = tf.compat.v1
+
+# Weights of each layer (no conv biases: BatchNorm's beta replaces them) plus
+# the BatchNorm betas (slim's default: no gamma) and the logits' bias.
+CONV_WEIGHTS = [3 * 3 * 3 * 32, 3 * 3 * 32 * 32, 3 * 3 * 32 * 64,
+                1 * 1 * 64 * 80, 3 * 3 * 80 * 192]
+BETAS = [32, 32, 64, 80, 192]
+LOGITS = 768 * 10 + 10
+REFERENCE_TRAINABLE_PARAMS = sum(CONV_WEIGHTS) + sum(BETAS) + LOGITS
+
+
+def build(is_training, batch=4):
+  images = tf1.placeholder(tf.float32, [batch, 32, 32, 3])
+  labels = tf1.placeholder(tf.int32, [batch])
+  logits = cifar10_model.inference(images, is_training=is_training)
+  return images, labels, logits, cifar10_model.loss(logits, labels)
+
+
+def test_output_shape_and_scope_names():
+  with tf.Graph().as_default():
+    _, _, logits, _ = build(is_training=True)
+    assert logits.shape.as_list() == [4, 10]
+    names = {v.op.name for v in tf1.global_variables()}
+  for layer in ['Conv2d_1a_3x3', 'Conv2d_2a_3x3', 'Conv2d_2b_3x3',
+                'Conv2d_3b_1x1', 'Conv2d_4a_3x3']:
+    for var in ['weights', 'BatchNorm/beta', 'BatchNorm/moving_mean',
+                'BatchNorm/moving_variance']:
+      assert 'InceptionResnetV2/%s/%s' % (layer, var) in names
+  # No BatchNorm on the logits: a weight and a bias.
+  assert {n for n in names if '/Logits/' in n} == {
+      'InceptionResnetV2/Logits/weights', 'InceptionResnetV2/Logits/biases'}
+
+
+def test_parameter_count_of_the_reference_network():
+  with tf.Graph().as_default():
+    build(is_training=True)
+    trainable = tf1.trainable_variables()
+    count = sum(int(np.prod(v.shape)) for v in trainable)
+  assert REFERENCE_TRAINABLE_PARAMS == 179962
+  assert count == REFERENCE_TRAINABLE_PARAMS
+  assert not [v for v in trainable if 'moving' in v.op.name]
+
+
+def test_regularization_is_in_the_loss():
+  with tf.Graph().as_default():
+    images, labels, logits, loss = build(is_training=False)
+    reg = tf1.losses.get_regularization_losses()
+    assert len(reg) == 6  # Five conv layers and the logits.
+    xent = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=labels, logits=logits))
+    l2 = tf.add_n([tf.nn.l2_loss(v) for v in tf1.trainable_variables()
+                   if v.op.name.endswith('weights')]) * 0.004
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      feed = {images: np.random.default_rng(0).normal(size=(4, 32, 32, 3)),
+              labels: [0, 1, 2, 3]}
+      loss_v, xent_v, l2_v = sess.run([loss, xent, l2], feed)
+  assert l2_v > 0.01
+  np.testing.assert_allclose(loss_v, xent_v + l2_v, rtol=1e-5)
+
+
+def test_batchnorm_statistics_update_in_a_training_step_only():
+  with tf.Graph().as_default():
+    images, labels, _, loss = build(is_training=True)
+    updates = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)
+    assert len(updates) == 10  # Mean and variance of five BatchNorms.
+    train_op = tf.group(
+        tf1.train.GradientDescentOptimizer(0.1).minimize(loss), *updates)
+    mean = [v for v in tf1.global_variables()
+            if v.op.name == 'InceptionResnetV2/Conv2d_1a_3x3/BatchNorm/'
+            'moving_mean'][0]
+    feed = {images: np.full((4, 32, 32, 3), 5.0), labels: [0, 1, 2, 3]}
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      sess.run(loss, feed)  # A forward pass alone leaves them alone.
+      assert not sess.run(mean).any()
+      sess.run(train_op, feed)
+      assert sess.run(mean).any()
+
+
+def test_inference_mode_uses_moving_statistics_and_no_dropout():
+  with tf.Graph().as_default():
+    images, _, logits, _ = build(is_training=False)
+    assert not tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)
+    x = np.random.default_rng(1).normal(size=(4, 32, 32, 3))
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      full = sess.run(logits, {images: x})
+      # Deterministic, and each example's logits do not depend on the
+      # others in the batch (batch statistics would make them depend).
+      np.testing.assert_array_equal(full, sess.run(logits, {images: x}))
+      x2 = x.copy()
+      x2[1:] = 0
+      np.testing.assert_allclose(sess.run(logits, {images: x2})[0], full[0],
+                                 rtol=1e-5)
+
+
+def test_tf_slim_compatibility_fix():
+  # tf-slim 1.1.0's layers/utils.py uses ops.Tensor, gone from TF 2.21;
+  # importing cifar10_model restores the name, and batch_norm then builds.
+  from tensorflow.python.framework import ops  # pylint: disable=g-import-not-at-top
+  assert ops.Tensor is tf.Tensor
+  with tf.Graph().as_default():
+    out = cifar10_model.slim.batch_norm(tf1.placeholder(tf.float32, [2, 4]),
+                                        is_training=True)
+    assert out.shape.as_list() == [2, 4]

@@ -1,0 +1,570 @@
+"""Distributed CIFAR-10 training with parameter servers, TF1 style.
+
+A ClusterSpec of ps and worker tasks; variables on the ps tasks through
+replica_device_setter, compute on each worker's device (one GPU per worker
+task when --num_gpus > 0); SyncReplicasOptimizer aggregates the workers'
+gradients. Worker 0 is the chief: it initializes or restores the model and
+alone writes checkpoints and summaries to --train_dir.
+
+Three terminals, as in the reference (any start order):
+
+  python train_distributed.py --job_name=ps --task_index=0
+  python train_distributed.py --job_name=worker --task_index=1
+  python train_distributed.py --job_name=worker --task_index=0
+
+Every task stops by itself at --max_steps: the workers stop, then each ps
+exits once every worker has told it so. With --ps_hosts= (empty) one worker
+trains in this process without a gRPC server.
+"""
+
+from datetime import datetime
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+import warnings
+
+# TensorFlow's C++ start-up chatter buries the progress lines; warnings and
+# errors still show. Set TF_CPP_MIN_LOG_LEVEL=0 to see everything.
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')
+
+from absl import app  # pylint: disable=g-import-not-at-top
+from absl import flags
+import tensorflow as tf
+
+import cifar10_input
+import cifar10_model
+
+tf1 = tf.compat.v1
+
+FLAGS = flags.FLAGS
+
+# The reference's flags: same names, same defaults.
+flags.DEFINE_string('train_dir', './models_cifar10',
+                    'Directory where to write event logs and checkpoint.')
+flags.DEFINE_integer('max_steps', 1000000, 'Number of batches to run.')
+flags.DEFINE_boolean('log_device_placement', False,
+                     'Whether to log device placement.')
+flags.DEFINE_integer('batch_size', 128,
+                     'Number of images to process in a batch.')
+flags.DEFINE_string('data_dir', './cifar-10-batches-bin',
+                    'Path to the CIFAR-10 data directory.')
+flags.DEFINE_integer('num_gpus', 0,
+                     'Total number of gpus for each machine. If you don\'t use '
+                     'GPU, please set it to \'0\'. Worker i uses GPU '
+                     'i % num_gpus; ps tasks never use a GPU.')
+flags.DEFINE_string('ps_hosts', 'localhost:2222',
+                    'Comma-separated list of hostname:port pairs. Empty: '
+                    'train in one process, without a cluster.')
+flags.DEFINE_string('worker_hosts', 'localhost:2223,localhost:2224',
+                    'Comma-separated list of hostname:port pairs')
+flags.DEFINE_string('job_name', None, 'job name: worker or ps')
+flags.DEFINE_integer('task_index', None, 'Index of task within the job')
+flags.DEFINE_boolean('sync_replicas', True,
+                     'Whether or not to synchronize the replicas during '
+                     'training.')
+flags.DEFINE_boolean('existing_servers', False,
+                     'Whether servers already exists. If True, will use the '
+                     'worker hosts via their GRPC URLs (one client process '
+                     'per worker host). Otherwise, will create an in-process '
+                     'TensorFlow server.')
+flags.DEFINE_integer('replicas_to_aggregate', None,
+                     'Number of replicas to aggregate before parameter update '
+                     'is applied (For sync_replicas mode only; default: '
+                     'num_workers). Fewer than num_workers makes the slowest '
+                     'workers backups whose gradients are dropped.')
+
+# Our additions.
+flags.DEFINE_integer('save_checkpoint_steps', 100,
+                     'The chief writes a checkpoint every this many global '
+                     'steps, and at the end.')
+flags.DEFINE_integer('save_summaries_steps', 100,
+                     'The chief writes TensorBoard summaries every this many '
+                     'global steps.')
+flags.DEFINE_integer('log_frequency', 10,
+                     'Print a progress line every this many local steps.')
+flags.DEFINE_integer('num_preprocess_threads', 16,
+                     'Threads that read and preprocess images.')
+flags.DEFINE_boolean('distort', True,
+                     'Augment training images (pad and random crop, flip, '
+                     'brightness, contrast). The reference had this off.')
+flags.DEFINE_boolean('standardize', True,
+                     'Per-image standardization of the input. The reference '
+                     'had this off (raw 0..255 pixels).')
+flags.DEFINE_float('initial_learning_rate', 0.1, 'Initial learning rate.')
+flags.DEFINE_float('num_epochs_per_decay', 350.0,
+                   'Epochs after which the learning rate decays.')
+flags.DEFINE_float('learning_rate_decay_factor', 0.1,
+                   'Learning rate decay factor.')
+flags.DEFINE_integer('seed', 0,
+                     'Random seed; worker i uses seed + i for its file order, '
+                     'shuffling and augmentation.')
+flags.DEFINE_boolean('fresh_start', False,
+                     'Chief only: delete --train_dir and start over instead '
+                     'of resuming from its latest checkpoint.')
+
+# The reference's constants.
+MOVING_AVERAGE_DECAY = 0.9999  # Declared, never used, as in the reference.
+DROPOUT_KEEP_PROB = 0.8
+
+# How often a worker that waits for the chief to initialize the model looks
+# again. The stock session creators poll every 30 s, which a synchronous
+# chief then spends waiting for that worker's first gradients.
+RECOVERY_WAIT_SECS = 0.5
+
+
+class UsageError(Exception):
+  """A command-line mistake, reported in one line."""
+
+
+def parse_hosts(value, flag_name):
+  """Returns the host:port list of a comma-separated flag value.
+
+  Args:
+    value: Flag value, e.g. 'localhost:2222, localhost:2223'.
+    flag_name: Name used in error messages.
+
+  Raises:
+    UsageError: for an empty entry, a missing host or a bad port.
+  """
+  if not value.strip():
+    return []
+  hosts = [h.strip() for h in value.split(',')]
+  for host in hosts:
+    name, _, port = host.rpartition(':')
+    if not name or not port.isdigit() or not 0 < int(port) < 65536:
+      raise UsageError('--%s=%s: %r is not hostname:port (port 1-65535); '
+                       'write e.g. --%s=localhost:2222,localhost:2223' %
+                       (flag_name, value, host, flag_name))
+  if len(set(hosts)) != len(hosts):
+    raise UsageError('--%s=%s lists a host:port twice' % (flag_name, value))
+  return hosts
+
+
+def check_flags():
+  """Validates the flags; returns (job_name, task_index, ps, workers).
+
+  Raises:
+    UsageError: with what is wrong and how to fix it.
+  """
+  ps_hosts = parse_hosts(FLAGS.ps_hosts, 'ps_hosts')
+  worker_hosts = parse_hosts(FLAGS.worker_hosts, 'worker_hosts')
+  job_name, task_index = FLAGS.job_name, FLAGS.task_index
+  if not ps_hosts:
+    # One process, no cluster: the worker hosts are not used.
+    job_name = job_name or 'worker'
+    task_index = task_index or 0
+    if job_name != 'worker' or task_index != 0:
+      raise UsageError('with --ps_hosts= (no cluster) the only task is '
+                       '--job_name=worker --task_index=0')
+    worker_hosts = worker_hosts[:1] or ['localhost:0']
+  if job_name not in ('ps', 'worker'):
+    raise UsageError('--job_name must be ps or worker (got %r)' % job_name)
+  num_tasks = len(ps_hosts if job_name == 'ps' else worker_hosts)
+  if num_tasks == 0:
+    raise UsageError('--worker_hosts is empty: list at least one host:port')
+  if task_index is None or not 0 <= task_index < num_tasks:
+    raise UsageError('--task_index must be 0..%d for the %d %s task(s) in '
+                     '--%s_hosts (got %s)' % (num_tasks - 1, num_tasks,
+                                              job_name, job_name, task_index))
+  overlap = set(ps_hosts) & set(worker_hosts)
+  if overlap:
+    raise UsageError('%s is in both --ps_hosts and --worker_hosts' %
+                     sorted(overlap)[0])
+  if FLAGS.existing_servers and job_name == 'ps':
+    raise UsageError('--existing_servers is for workers: a ps task always '
+                     'runs its own server')
+  for name in ('batch_size', 'max_steps', 'save_checkpoint_steps',
+               'save_summaries_steps', 'log_frequency',
+               'num_preprocess_threads'):
+    if getattr(FLAGS, name) < 1:
+      raise UsageError('--%s must be at least 1 (got %d)' %
+                       (name, getattr(FLAGS, name)))
+  replicas = FLAGS.replicas_to_aggregate
+  if replicas is not None and not 1 <= replicas <= len(worker_hosts):
+    raise UsageError('--replicas_to_aggregate must be 1..%d, the number of '
+                     'workers (got %d)' % (len(worker_hosts), replicas))
+  if FLAGS.num_gpus < 0:
+    raise UsageError('--num_gpus must be 0 or more (got %d)' % FLAGS.num_gpus)
+  if FLAGS.num_gpus and job_name == 'worker':
+    visible = len(tf.config.list_physical_devices('GPU'))
+    if FLAGS.num_gpus > visible:
+      raise UsageError('--num_gpus=%d but %d GPU(s) are visible: lower '
+                       '--num_gpus or check CUDA_VISIBLE_DEVICES' %
+                       (FLAGS.num_gpus, visible))
+  return job_name, task_index, ps_hosts, worker_hosts
+
+
+def session_config(job_name, task_index, clustered):
+  """Returns the ConfigProto for this task's server and sessions.
+
+  A ps task and every task of a --num_gpus=0 run hide the GPUs, so they never
+  allocate GPU memory. A worker sees only its own GPU, task_index % num_gpus,
+  and grows its memory as needed, so that workers can share a card.
+  Device filters keep a worker from waiting on, or talking to, other workers.
+  """
+  config = tf1.ConfigProto(allow_soft_placement=True,
+                           log_device_placement=FLAGS.log_device_placement)
+  if job_name == 'worker' and FLAGS.num_gpus > 0:
+    config.gpu_options.allow_growth = True
+    config.gpu_options.visible_device_list = str(task_index % FLAGS.num_gpus)
+  else:
+    config.device_count['GPU'] = 0
+  if clustered:
+    config.device_filters.extend(
+        ['/job:ps'] if job_name == 'worker' else [])
+    config.device_filters.append('/job:%s/task:%d' % (job_name, task_index))
+  return config
+
+
+def done_queues(num_ps, num_workers):
+  """One queue per ps task, where each worker posts its index when done.
+
+  The reference's ps blocked in server.join() forever; ours exits once every
+  worker has posted to its queue.
+  """
+  queues = []
+  for i in range(num_ps):
+    with tf.device('/job:ps/task:%d/cpu:0' % i):
+      queues.append(tf1.FIFOQueue(-1, tf.int32, shapes=[],
+                                  shared_name='done_queue_%d' % i,
+                                  name='done_queue_%d' % i))
+  return queues
+
+
+def run_ps(cluster, task_index, num_workers):
+  """Serves variables until every worker is done; returns the exit status."""
+  config = session_config('ps', task_index, clustered=True)
+  server = start_server(cluster, 'ps', task_index, config)
+  print('ps %d: serving on %s; waiting for %d worker(s) to finish' %
+        (task_index, cluster.task_address('ps', task_index), num_workers),
+        flush=True)
+  with tf.Graph().as_default():
+    dequeue = done_queues(cluster.num_tasks('ps'), num_workers)[
+        task_index].dequeue()
+    with tf1.Session(server.target, config=config) as sess:
+      done = set()
+      while len(done) < num_workers:
+        done.add(int(sess.run(dequeue)))
+  print('ps %d: all %d worker(s) finished; exiting' % (task_index,
+                                                      num_workers), flush=True)
+  return 0
+
+
+def start_server(cluster, job_name, task_index, config):
+  """Starts this task's gRPC server, or says in one line why it cannot."""
+  try:
+    return tf1.train.Server(cluster, job_name=job_name, task_index=task_index,
+                            config=config)
+  except (tf.errors.OpError, ValueError) as e:
+    raise UsageError('could not start the %s %d server on %s (is the port '
+                     'taken?): %s' % (job_name, task_index,
+                                      cluster.task_address(job_name,
+                                                           task_index),
+                                      str(e).splitlines()[0]))
+
+
+class SyncReplicasHook(tf1.train.SessionRunHook):
+  """SyncReplicasOptimizer's session hook, with a clean start and stop.
+
+  Does what SyncReplicasOptimizer.make_session_run_hook() does: run the local
+  init op and, on the chief, fill the token queue and run the sync op
+  (aggregate gradients, apply them, hand out tokens) in a thread. The stock
+  hook registers that thread with the coordinator; at the end it is blocked
+  in take_grad waiting for gradients no worker will send, so
+  MonitoredSession.close() waits its 120 s grace period and the thread then
+  raises CancelledError. Here the thread is not joined: it ends when the
+  session closes, and counts that as a normal end. Another error is passed
+  to the coordinator, which raises it in the training loop.
+  """
+
+  def __init__(self, opt, is_chief):
+    self._is_chief = is_chief
+    if is_chief:
+      self._local_init_op = opt.chief_init_op
+      self._init_tokens_op = opt.get_init_tokens_op()
+      self._sync_op = opt.get_chief_queue_runner().enqueue_ops[0]
+    else:
+      self._local_init_op = opt.local_step_init_op
+
+  def after_create_session(self, session, coord):
+    session.run(self._local_init_op)
+    if self._is_chief:
+      session.run(self._init_tokens_op)
+      threading.Thread(target=self._run_sync_op, args=(session, coord),
+                       daemon=True, name='sync_replicas').start()
+
+  def _run_sync_op(self, session, coord):
+    try:
+      while not coord.should_stop():
+        session.run(self._sync_op)
+    except (tf.errors.CancelledError, tf.errors.OutOfRangeError, RuntimeError):
+      pass  # The session or the token queue was closed: training is over.
+    except Exception as e:  # pylint: disable=broad-except
+      coord.request_stop(e)
+
+
+class SessionCreator(tf1.train.SessionCreator):
+  """ChiefSessionCreator / WorkerSessionCreator with a short recovery wait.
+
+  The stock creators build a SessionManager that polls every 30 s: a worker
+  started before the chief has initialized the model sleeps 30 s before it
+  looks again, and a synchronous chief's first step waits for it.
+  """
+
+  def __init__(self, scaffold, master, config, is_chief, checkpoint_dir):
+    self._scaffold = scaffold
+    self._master = master
+    self._config = config
+    self._is_chief = is_chief
+    self._checkpoint_dir = checkpoint_dir
+
+  def create_session(self):
+    self._scaffold.finalize()
+    manager = tf1.train.SessionManager(
+        local_init_op=self._scaffold.local_init_op,
+        ready_op=self._scaffold.ready_op,
+        ready_for_local_init_op=self._scaffold.ready_for_local_init_op,
+        graph=tf1.get_default_graph(),
+        recovery_wait_secs=RECOVERY_WAIT_SECS)
+    if self._is_chief:
+      return manager.prepare_session(
+          self._master, saver=self._scaffold.saver,
+          checkpoint_dir=self._checkpoint_dir, config=self._config,
+          init_op=self._scaffold.init_op)
+    return manager.wait_for_session(self._master, config=self._config)
+
+
+def prepare_train_dir(train_dir, is_chief):
+  """Makes train_dir; the chief empties it first with --fresh_start."""
+  if is_chief and FLAGS.fresh_start and os.path.exists(train_dir):
+    print('Worker 0: --fresh_start: deleting %s' % train_dir)
+    shutil.rmtree(train_dir)
+  try:
+    os.makedirs(train_dir, exist_ok=True)
+  except OSError as e:
+    raise UsageError('cannot create --train_dir=%s: %s' % (train_dir,
+                                                          e.strerror))
+  if is_chief and not os.access(train_dir, os.W_OK | os.X_OK):
+    raise UsageError('--train_dir=%s is not writable: choose another '
+                     'directory or fix its permissions' % train_dir)
+
+
+def learning_rate(global_step, num_train_records, examples_per_step):
+  """The reference's staircase schedule, counting real examples per step.
+
+  In synchronous training a global step consumes replicas_to_aggregate
+  batches; in asynchronous training, one.
+  """
+  steps_per_epoch = num_train_records / float(examples_per_step)
+  decay_steps = max(1, int(steps_per_epoch * FLAGS.num_epochs_per_decay))
+  return tf1.train.exponential_decay(FLAGS.initial_learning_rate, global_step,
+                                     decay_steps,
+                                     FLAGS.learning_rate_decay_factor,
+                                     staircase=True)
+
+
+def main(_):
+  tf1.disable_eager_execution()  # Queue runners need graph mode.
+  # The TF1 API we keep on purpose (queues, slim layers) is deprecated:
+  # one warning per call site, on every start, tells a user nothing.
+  tf.get_logger().setLevel('ERROR')
+  warnings.filterwarnings('ignore', message='`layer.apply` is deprecated')
+  try:
+    return train()
+  except (UsageError, cifar10_input.DataError) as e:
+    print('Error: %s' % e, file=sys.stderr)
+    return 2
+
+
+def train():
+  """Runs this task; returns the process exit status."""
+  job_name, task_index, ps_hosts, worker_hosts = check_flags()
+  num_workers = len(worker_hosts)
+  print('job_name : %s' % job_name)
+  print('task_index : %d' % task_index)
+  cluster = None
+  if ps_hosts:
+    cluster = tf.train.ClusterSpec({'ps': ps_hosts, 'worker': worker_hosts})
+  if job_name == 'ps':
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # Nothing to save: just go.
+    return run_ps(cluster, task_index, num_workers)
+
+  is_chief = task_index == 0
+  sync = FLAGS.sync_replicas and cluster is not None
+  replicas_to_aggregate = FLAGS.replicas_to_aggregate or num_workers
+  # Checkpoint shards are written by the ps processes: give them an
+  # absolute path, not one relative to their working directory.
+  train_dir = os.path.abspath(FLAGS.train_dir)
+  prepare_train_dir(train_dir, is_chief)
+
+  # Placement: the input pipeline on this worker's CPU; the model on its
+  # GPU or CPU; variables spread over the ps tasks.
+  if cluster is None:
+    input_device = '/cpu:0'
+    worker_device = '/device:GPU:0' if FLAGS.num_gpus else '/cpu:0'
+    variable_device = tf1.device(worker_device)
+  else:
+    input_device = '/job:worker/task:%d/cpu:0' % task_index
+    worker_device = '/job:worker/task:%d%s' % (
+        task_index, '/device:GPU:0' if FLAGS.num_gpus else '/cpu:0')
+    variable_device = tf1.device(tf1.train.replica_device_setter(
+        worker_device=worker_device, ps_device='/job:ps/cpu:0',
+        cluster=cluster))
+
+  tf1.set_random_seed(FLAGS.seed + task_index)
+  with tf.device(input_device):
+    images, labels = cifar10_input.generate_batch_inputs(
+        eval_data=False, shuffle=True, data_dir=FLAGS.data_dir,
+        batch_size=FLAGS.batch_size,
+        num_preprocess_threads=FLAGS.num_preprocess_threads,
+        distort=FLAGS.distort, standardize=FLAGS.standardize,
+        seed=FLAGS.seed + task_index)
+  num_train_records = cifar10_input.num_records(FLAGS.data_dir, False)
+
+  with variable_device:
+    global_step = tf1.train.get_or_create_global_step()
+    logits = cifar10_model.inference(images, is_training=True,
+                                     dropout_keep_prob=DROPOUT_KEEP_PROB)
+    loss = cifar10_model.loss(logits, labels)
+    accuracy = tf.reduce_mean(tf.cast(
+        tf1.nn.in_top_k(logits, labels, 1), tf.float32), name='accuracy')
+    examples_per_step = FLAGS.batch_size * (replicas_to_aggregate if sync
+                                            else 1)
+    lr = learning_rate(global_step, num_train_records, examples_per_step)
+    opt = tf1.train.GradientDescentOptimizer(lr)
+    if sync:
+      opt = tf1.train.SyncReplicasOptimizer(
+          opt, replicas_to_aggregate=replicas_to_aggregate,
+          total_num_replicas=num_workers, name='cifar10_sync_replicas')
+    minimize = opt.minimize(loss, global_step=global_step)
+    # BatchNorm moving statistics get one update per global step, as in a
+    # single process: from each step of an asynchronous worker, and in
+    # synchronous training from the chief only (the others' updates would
+    # land on the ps unaggregated, N times per global step).
+    update_ops = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)
+    train_op = tf.group(minimize, *(update_ops if is_chief or not sync
+                                    else []), name='train_op')
+    with tf.control_dependencies([train_op]):
+      # The step this training step reached: read after it, not beside it.
+      step_after = global_step.read_value()
+    tf1.summary.scalar('loss', loss)
+    tf1.summary.scalar('accuracy', accuracy)
+    tf1.summary.scalar('learning_rate', lr)
+
+  if cluster is not None:
+    queues = done_queues(cluster.num_tasks('ps'), num_workers)
+    post_done = tf.group(*[q.enqueue(task_index) for q in queues])
+    close_tokens = (opt.get_chief_queue_runner().queue.close(
+        cancel_pending_enqueues=True) if sync and is_chief else tf.no_op())
+
+  config = session_config('worker', task_index, cluster is not None)
+  if cluster is None:
+    master = ''
+  elif FLAGS.existing_servers:
+    master = 'grpc://' + worker_hosts[task_index]
+    print('Using existing server at: %s' % master)
+  else:
+    master = start_server(cluster, 'worker', task_index, config).target
+
+  hooks = [tf1.train.NanTensorHook(loss),  # First: nothing saves a NaN step.
+           tf1.train.StopAtStepHook(last_step=FLAGS.max_steps)]
+  if sync:
+    hooks.append(SyncReplicasHook(opt, is_chief))
+  # The sync optimizer's own readiness check: all global variables exist.
+  scaffold = tf1.train.Scaffold(
+      ready_for_local_init_op=opt.ready_for_local_init_op if sync else None)
+  if is_chief:
+    hooks += [tf1.train.CheckpointSaverHook(
+        train_dir, save_steps=FLAGS.save_checkpoint_steps, scaffold=scaffold),
+              tf1.train.SummarySaverHook(
+                  save_steps=FLAGS.save_summaries_steps, output_dir=train_dir,
+                  scaffold=scaffold)]
+    print('Worker %d: Initializing session...' % task_index)
+    latest = tf.train.latest_checkpoint(train_dir)
+    if latest:
+      print('Worker 0: resuming from %s' % latest)
+  else:
+    print('Worker %d: Waiting for session to be initialized...' % task_index)
+  sys.stdout.flush()
+
+  creator = SessionCreator(scaffold, master, config, is_chief, train_dir)
+  final_step = None
+  try:
+    with tf1.train.MonitoredSession(session_creator=creator,
+                                    hooks=hooks) as sess:
+      print('Worker %d: Session initialization complete.' % task_index,
+            flush=True)
+      run_loop(sess, [step_after, loss, accuracy], is_chief, train_dir)
+  except tf1.train.NanLossDuringTrainingError:
+    print('Error: the model diverged with loss = NaN; the last good '
+          'checkpoint in %s is kept. Lower --initial_learning_rate and '
+          'restart.' % train_dir, file=sys.stderr)
+    return 1
+  finally:
+    if cluster is not None:
+      final_step = tell_cluster_done(master, config, close_tokens, post_done,
+                                     global_step)
+  if cluster is None:
+    final_step = tf.train.load_variable(train_dir, 'global_step')
+  if final_step is None:
+    return 1
+  print('Worker %d: training finished at global step %d' % (task_index,
+                                                            final_step),
+        flush=True)
+  return 0 if final_step >= FLAGS.max_steps else 1
+
+
+def run_loop(sess, fetches, is_chief, train_dir):
+  """Runs training steps until a hook stops the session; prints progress.
+
+  Args:
+    sess: The MonitoredSession.
+    fetches: [global step after the train op, loss, accuracy]; running the
+      first runs the train op.
+    is_chief: Whether to write examples/sec summaries.
+    train_dir: Where the chief's summaries go.
+  """
+  writer = tf1.summary.FileWriterCache.get(train_dir) if is_chief else None
+  local_step = 0
+  start = time.time()
+  while not sess.should_stop():
+    step, loss_value, accuracy_value = sess.run(fetches)
+    local_step += 1
+    if local_step % FLAGS.log_frequency == 0:
+      duration = time.time() - start
+      start = time.time()
+      examples_per_sec = FLAGS.log_frequency * FLAGS.batch_size / duration
+      print('%s: step %d, loss = %.2f ,Train accuracy = %.2f '
+            '(%.1f examples/sec; %.3f sec/batch)' %
+            (datetime.now(), step, loss_value, accuracy_value,
+             examples_per_sec, duration / FLAGS.log_frequency), flush=True)
+      if writer:
+        writer.add_summary(tf1.Summary(value=[tf1.Summary.Value(
+            tag='examples/sec', simple_value=examples_per_sec)]), step)
+
+
+def tell_cluster_done(master, config, close_tokens, post_done, global_step):
+  """Releases the other workers, tells each ps, returns the global step.
+
+  The chief of a synchronous run closes the token queue, so that workers
+  blocked waiting for a token stop instead of hanging. Every worker then
+  posts to each ps's done queue; a ps exits when all workers have posted.
+  Returns None when the cluster cannot be reached.
+  """
+  try:
+    with tf1.Session(master, config=config) as sess:
+      sess.run(close_tokens)
+      step = sess.run(global_step)
+      sess.run(post_done)
+      return int(step)
+  except tf.errors.OpError as e:
+    print('Warning: could not tell the ps tasks that this worker is done: '
+          '%s' % str(e).splitlines()[0], file=sys.stderr)
+    return None
+
+
+if __name__ == '__main__':
+  app.run(main)
