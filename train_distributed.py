@@ -34,6 +34,7 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 import tensorflow as tf
 
+import cifar10_eval
 import cifar10_input
 import cifar10_model
 
@@ -60,7 +61,10 @@ flags.DEFINE_string('ps_hosts', 'localhost:2222',
                     'train in one process, without a cluster.')
 flags.DEFINE_string('worker_hosts', 'localhost:2223,localhost:2224',
                     'Comma-separated list of hostname:port pairs')
-flags.DEFINE_string('job_name', None, 'job name: worker or ps')
+flags.DEFINE_string('job_name', None,
+                    'job name: worker or ps; or evaluator, which evaluates '
+                    'the chief\'s checkpoints on the test set and needs no '
+                    'cluster')
 flags.DEFINE_integer('task_index', None, 'Index of task within the job')
 flags.DEFINE_boolean('sync_replicas', True,
                      'Whether or not to synchronize the replicas during '
@@ -104,6 +108,10 @@ flags.DEFINE_integer('seed', 0,
 flags.DEFINE_boolean('fresh_start', False,
                      'Chief only: delete --train_dir and start over instead '
                      'of resuming from its latest checkpoint.')
+flags.DEFINE_float('eval_interval_secs', 5,
+                   'Evaluator: how often to look for a new checkpoint.')
+flags.DEFINE_boolean('run_once', False,
+                     'Evaluator: evaluate the latest checkpoint and exit.')
 
 # The reference's constants.
 MOVING_AVERAGE_DECAY = 0.9999  # Declared, never used, as in the reference.
@@ -152,6 +160,9 @@ def check_flags():
   ps_hosts = parse_hosts(FLAGS.ps_hosts, 'ps_hosts')
   worker_hosts = parse_hosts(FLAGS.worker_hosts, 'worker_hosts')
   job_name, task_index = FLAGS.job_name, FLAGS.task_index
+  check_positive_flags()
+  if job_name == 'evaluator':
+    return job_name, task_index or 0, ps_hosts, worker_hosts
   if not ps_hosts:
     # One process, no cluster: the worker hosts are not used.
     job_name = job_name or 'worker'
@@ -161,7 +172,8 @@ def check_flags():
                        '--job_name=worker --task_index=0')
     worker_hosts = worker_hosts[:1] or ['localhost:0']
   if job_name not in ('ps', 'worker'):
-    raise UsageError('--job_name must be ps or worker (got %r)' % job_name)
+    raise UsageError('--job_name must be ps, worker or evaluator (got %r)' %
+                     job_name)
   num_tasks = len(ps_hosts if job_name == 'ps' else worker_hosts)
   if num_tasks == 0:
     raise UsageError('--worker_hosts is empty: list at least one host:port')
@@ -176,12 +188,6 @@ def check_flags():
   if FLAGS.existing_servers and job_name == 'ps':
     raise UsageError('--existing_servers is for workers: a ps task always '
                      'runs its own server')
-  for name in ('batch_size', 'max_steps', 'save_checkpoint_steps',
-               'save_summaries_steps', 'log_frequency',
-               'num_preprocess_threads'):
-    if getattr(FLAGS, name) < 1:
-      raise UsageError('--%s must be at least 1 (got %d)' %
-                       (name, getattr(FLAGS, name)))
   replicas = FLAGS.replicas_to_aggregate
   if replicas is not None and not 1 <= replicas <= len(worker_hosts):
     raise UsageError('--replicas_to_aggregate must be 1..%d, the number of '
@@ -195,6 +201,18 @@ def check_flags():
                        '--num_gpus or check CUDA_VISIBLE_DEVICES' %
                        (FLAGS.num_gpus, visible))
   return job_name, task_index, ps_hosts, worker_hosts
+
+
+def check_positive_flags():
+  """Raises UsageError for a count flag below 1."""
+  for name in ('batch_size', 'max_steps', 'save_checkpoint_steps',
+               'save_summaries_steps', 'log_frequency',
+               'num_preprocess_threads'):
+    if getattr(FLAGS, name) < 1:
+      raise UsageError('--%s must be at least 1 (got %d)' %
+                       (name, getattr(FLAGS, name)))
+  if FLAGS.eval_interval_secs < 0:
+    raise UsageError('--eval_interval_secs must be 0 or more')
 
 
 def session_config(job_name, task_index, clustered):
@@ -391,6 +409,10 @@ def train():
   if job_name == 'ps':
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # Nothing to save: just go.
     return run_ps(cluster, task_index, num_workers)
+  if job_name == 'evaluator':
+    return cifar10_eval.run(FLAGS.train_dir, FLAGS.data_dir, FLAGS.batch_size,
+                            FLAGS.standardize, FLAGS.max_steps,
+                            FLAGS.eval_interval_secs, FLAGS.run_once)
 
   is_chief = task_index == 0
   sync = FLAGS.sync_replicas and cluster is not None

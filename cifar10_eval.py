@@ -1,0 +1,146 @@
+"""The evaluator: each new checkpoint, on every test record exactly once.
+
+The reference "tested" on training data, with the train op, in the middle of
+training. This task runs apart from the cluster (it needs no ps and no
+worker): it watches --train_dir, and for each new checkpoint reads every
+record of test_batch.bin once, in order, through the same reader as
+training, with BatchNorm in inference mode and dropout off. It restores the
+checkpoint into its own local session, so it never writes to the training
+variables or checkpoints; it writes only under train_dir/eval.
+
+Started by train_distributed.py --job_name=evaluator.
+"""
+
+from datetime import datetime
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import cifar10_input
+import cifar10_model
+
+tf1 = tf.compat.v1
+
+EVAL_SUBDIR = 'eval'
+RESULTS_FILE = 'results.jsonl'
+
+
+def build_eval_graph(data_dir, batch_size, standardize):
+  """Builds the evaluation graph in the default graph.
+
+  Returns:
+    (fetches, saver): fetches gives per batch the number of examples, the
+    number classified correctly, the summed cross entropy and the
+    regularization loss; saver restores the model's variables.
+  """
+  with tf.device('/cpu:0'):
+    # One epoch, one thread, no shuffling: each record exactly once and a
+    # smaller final batch for the remainder.
+    images, labels = cifar10_input.generate_batch_inputs(
+        eval_data=True, shuffle=False, data_dir=data_dir,
+        batch_size=batch_size, num_preprocess_threads=1, distort=False,
+        standardize=standardize, num_epochs=1)
+  global_step = tf1.train.get_or_create_global_step()
+  logits = cifar10_model.inference(images, is_training=False)
+  fetches = {
+      'examples': tf.size(labels),
+      'correct': tf.reduce_sum(tf.cast(tf1.nn.in_top_k(logits, labels, 1),
+                                       tf.int32)),
+      'xent_sum': tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(
+          labels=labels, logits=logits)),
+      'regularization': tf.add_n(tf1.losses.get_regularization_losses()),
+      'global_step': global_step,
+  }
+  return fetches, tf1.train.Saver(tf1.global_variables())
+
+
+def evaluate_checkpoint(checkpoint, fetches, saver, config):
+  """Returns a result dict for one checkpoint over the whole test file."""
+  totals = {'examples': 0, 'correct': 0, 'xent_sum': 0.0}
+  with tf1.Session(config=config) as sess:
+    saver.restore(sess, checkpoint)
+    sess.run(tf1.local_variables_initializer())  # The epoch counter.
+    coord = tf1.train.Coordinator()
+    threads = tf1.train.start_queue_runners(sess, coord)
+    try:
+      while True:
+        out = sess.run(fetches)
+        for key in totals:
+          totals[key] += out[key]
+    except tf.errors.OutOfRangeError:
+      pass  # The single epoch is done.
+    finally:
+      coord.request_stop()
+      coord.join(threads)
+  examples = int(totals['examples'])
+  return {
+      'step': int(out['global_step']),
+      'loss': float(totals['xent_sum'] / examples + out['regularization']),
+      'accuracy': float(totals['correct']) / examples,
+      'examples': examples,
+      'checkpoint': checkpoint,
+      'wall_time': time.time(),
+  }
+
+
+def report(result, eval_dir, writer):
+  """Prints the test line, appends to results.jsonl, writes summaries."""
+  print('%s: step %d, loss = %.2f ,Test accuracy = %.4f (%d examples)' %
+        (datetime.now(), result['step'], result['loss'], result['accuracy'],
+         result['examples']), flush=True)
+  with open(os.path.join(eval_dir, RESULTS_FILE), 'a') as f:
+    f.write(json.dumps(result) + '\n')
+  writer.add_summary(tf1.Summary(value=[
+      tf1.Summary.Value(tag='test/accuracy', simple_value=result['accuracy']),
+      tf1.Summary.Value(tag='test/loss', simple_value=result['loss'])]),
+                     result['step'])
+  writer.flush()
+
+
+def run(train_dir, data_dir, batch_size, standardize, max_steps,
+        eval_interval_secs, run_once):
+  """Evaluates checkpoints as they appear; returns the exit status.
+
+  Args:
+    train_dir: The chief's --train_dir.
+    data_dir: Directory holding test_batch.bin.
+    batch_size: Examples per evaluation batch.
+    standardize: Must match the training run's --standardize.
+    max_steps: Stop after evaluating a checkpoint at this step or later.
+    eval_interval_secs: How often to look for a new checkpoint.
+    run_once: Evaluate the latest checkpoint and return.
+  """
+  train_dir = os.path.abspath(train_dir)
+  eval_dir = os.path.join(train_dir, EVAL_SUBDIR)
+  fetches, saver = build_eval_graph(data_dir, batch_size, standardize)
+  tf1.get_default_graph().finalize()
+  config = tf1.ConfigProto(allow_soft_placement=True,
+                           device_count={'GPU': 0})
+  if run_once and not tf.train.latest_checkpoint(train_dir):
+    print('Error: no checkpoint in %s to evaluate: train first, or point '
+          '--train_dir at the chief\'s' % train_dir, file=sys.stderr)
+    return 1
+  print('Evaluator: watching %s every %g s; results in %s' %
+        (train_dir, eval_interval_secs, os.path.join(eval_dir, RESULTS_FILE)),
+        flush=True)
+  os.makedirs(eval_dir, exist_ok=True)
+  writer = tf1.summary.FileWriter(eval_dir)
+  last = None
+  while True:
+    checkpoint = tf.train.latest_checkpoint(train_dir)
+    if checkpoint and checkpoint != last:
+      last = checkpoint
+      try:
+        result = evaluate_checkpoint(checkpoint, fetches, saver, config)
+      except tf.errors.NotFoundError:
+        # The chief keeps its 5 latest checkpoints; this one went meanwhile.
+        continue
+      report(result, eval_dir, writer)
+      if run_once or result['step'] >= max_steps:
+        writer.close()
+        return 0
+    time.sleep(eval_interval_secs)
