@@ -33,9 +33,10 @@ def build_eval_graph(data_dir, batch_size, standardize):
   """Builds the evaluation graph in the default graph.
 
   Returns:
-    (fetches, saver): fetches gives per batch the number of examples, the
-    number classified correctly, the summed cross entropy and the
-    regularization loss; saver restores the model's variables.
+    (fetches, saver, local_init): fetches gives per batch the number of
+    examples, the number classified correctly, the summed cross entropy, the
+    regularization loss and the global step; saver restores the model's
+    variables; local_init resets the epoch counter.
   """
   with tf.device('/cpu:0'):
     # One epoch, one thread, no shuffling: each record exactly once and a
@@ -55,15 +56,16 @@ def build_eval_graph(data_dir, batch_size, standardize):
       'regularization': tf.add_n(tf1.losses.get_regularization_losses()),
       'global_step': global_step,
   }
-  return fetches, tf1.train.Saver(tf1.global_variables())
+  return (fetches, tf1.train.Saver(tf1.global_variables()),
+          tf1.local_variables_initializer())
 
 
-def evaluate_checkpoint(checkpoint, fetches, saver, config):
+def evaluate_checkpoint(checkpoint, fetches, saver, local_init, config):
   """Returns a result dict for one checkpoint over the whole test file."""
   totals = {'examples': 0, 'correct': 0, 'xent_sum': 0.0}
   with tf1.Session(config=config) as sess:
     saver.restore(sess, checkpoint)
-    sess.run(tf1.local_variables_initializer())  # The epoch counter.
+    sess.run(local_init)
     coord = tf1.train.Coordinator()
     threads = tf1.train.start_queue_runners(sess, coord)
     try:
@@ -116,7 +118,7 @@ def run(train_dir, data_dir, batch_size, standardize, max_steps,
   """
   train_dir = os.path.abspath(train_dir)
   eval_dir = os.path.join(train_dir, EVAL_SUBDIR)
-  fetches, saver = build_eval_graph(data_dir, batch_size, standardize)
+  fetches, saver, local_init = build_eval_graph(data_dir, batch_size, standardize)
   tf1.get_default_graph().finalize()
   config = tf1.ConfigProto(allow_soft_placement=True,
                            device_count={'GPU': 0})
@@ -135,7 +137,8 @@ def run(train_dir, data_dir, batch_size, standardize, max_steps,
     if checkpoint and checkpoint != last:
       last = checkpoint
       try:
-        result = evaluate_checkpoint(checkpoint, fetches, saver, config)
+        result = evaluate_checkpoint(checkpoint, fetches, saver, local_init,
+                                     config)
       except tf.errors.NotFoundError:
         # The chief keeps its 5 latest checkpoints; this one went meanwhile.
         continue

@@ -47,6 +47,8 @@ MAX_MIN_QUEUE_EXAMPLES = 20000
 # Augmentation of the TensorFlow CIFAR-10 tutorial, which the reference
 # commented out: pad 4 pixels and crop back, flip, jitter brightness/contrast.
 PAD_PIXELS = 4
+# Records a preprocessing thread reads and transforms per session call.
+RECORDS_PER_READ = 32
 MAX_BRIGHTNESS_DELTA = 63
 CONTRAST_RANGE = (0.2, 1.8)
 
@@ -153,48 +155,64 @@ def queue_sizes(num_records, batch_size):
   return min_queue_examples, min_queue_examples + 3 * batch_size
 
 
-def read_cifar10(filename_queue):
-  """Reads one record; returns (uint8 image [32, 32, 3], int32 label [1]).
+def read_cifar10(filename_queue, max_records=1):
+  """Reads up to max_records records from one file of the queue.
 
-  Args:
-    filename_queue: A queue of file names, from string_input_producer.
+  Returns:
+    uint8 images [n, 32, 32, 3] and int32 labels [n], n <= max_records.
   """
   reader = tf1.FixedLengthRecordReader(record_bytes=RECORD_BYTES)
-  _, value = reader.read(filename_queue)
-  record = tf1.decode_raw(value, tf.uint8)
-  label = tf.cast(tf.strided_slice(record, [0], [cifar_label_bytes]),
-                  tf.int32)
-  depth_major = tf.reshape(
-      tf.strided_slice(record, [cifar_label_bytes], [RECORD_BYTES]),
-      [cifar_depth, cifar_height, cifar_width])
+  _, values = reader.read_up_to(filename_queue, max_records)
+  records = tf1.decode_raw(values, tf.uint8)
+  labels = tf.cast(records[:, 0], tf.int32)
+  depth_major = tf.reshape(records[:, cifar_label_bytes:],
+                           [-1, cifar_depth, cifar_height, cifar_width])
   # The file stores colour planes (CHW); the network wants HWC.
-  return tf.transpose(depth_major, [1, 2, 0]), label
+  return tf.transpose(depth_major, [0, 2, 3, 1]), labels
 
 
-def preprocess(image, distort, standardize):
-  """Turns a uint8 HWC image into the float32 network input.
+def random_crops(images):
+  """Pads a batch by PAD_PIXELS and crops each image back at a random place."""
+  size = IMAGE_SIZE + 2 * PAD_PIXELS
+  padded = tf.image.pad_to_bounding_box(images, PAD_PIXELS, PAD_PIXELS, size,
+                                        size)
+  n = tf.shape(images)[0]
+  offsets = tf1.random_uniform([n, 2], 0, 2 * PAD_PIXELS + 1, dtype=tf.int32)
+  span = tf.range(IMAGE_SIZE)
+  rows = offsets[:, :1] + span  # [n, 32]: the rows each image keeps.
+  cols = offsets[:, 1:] + span
+  cropped = tf.gather(padded, rows, axis=1, batch_dims=1)
+  return tf.gather(cropped, cols, axis=2, batch_dims=1)
+
+
+def preprocess(images, distort, standardize):
+  """Turns a uint8 NHWC batch into the float32 network input.
+
+  Every random choice is made per image, as tf.image's single-image ops
+  would, but on the whole batch at once.
 
   Args:
-    image: uint8 tensor [32, 32, 3].
+    images: uint8 tensor [n, 32, 32, 3].
     distort: Python bool, apply training augmentation.
     standardize: Python bool, apply per-image standardization.
 
   Returns:
-    float32 tensor [32, 32, 3]; raw 0..255 values when both are False.
+    float32 tensor [n, 32, 32, 3]; raw 0..255 values when both are False.
   """
-  image = tf.cast(image, tf.float32)
+  images = tf.cast(images, tf.float32)
   if distort:
-    padded = tf.image.pad_to_bounding_box(
-        image, PAD_PIXELS, PAD_PIXELS, IMAGE_SIZE + 2 * PAD_PIXELS,
-        IMAGE_SIZE + 2 * PAD_PIXELS)
-    image = tf1.random_crop(padded, [IMAGE_SIZE, IMAGE_SIZE, cifar_depth])
-    image = tf.image.random_flip_left_right(image)
-    image = tf.image.random_brightness(image, max_delta=MAX_BRIGHTNESS_DELTA)
-    image = tf.image.random_contrast(image, *CONTRAST_RANGE)
+    n = tf.shape(images)[0]
+    images = random_crops(images)
+    images = tf.image.random_flip_left_right(images)
+    images += tf1.random_uniform([n, 1, 1, 1], -MAX_BRIGHTNESS_DELTA,
+                                 MAX_BRIGHTNESS_DELTA)
+    # tf.image.adjust_contrast: scale each channel about its mean.
+    mean = tf.reduce_mean(images, axis=[1, 2], keepdims=True)
+    images = (images - mean) * tf1.random_uniform(
+        [n, 1, 1, 1], *CONTRAST_RANGE) + mean
   if standardize:
-    image = tf.image.per_image_standardization(image)
-  image.set_shape([IMAGE_SIZE, IMAGE_SIZE, cifar_depth])
-  return image
+    images = tf.image.per_image_standardization(images)
+  return images
 
 
 def generate_batch_inputs(eval_data, shuffle, data_dir, batch_size,
@@ -233,18 +251,20 @@ def generate_batch_inputs(eval_data, shuffle, data_dir, batch_size,
   with tf.name_scope('input'):
     filename_queue = tf1.train.string_input_producer(
         files, shuffle=shuffle, seed=seed, num_epochs=num_epochs)
-    image, label = read_cifar10(filename_queue)
-    image = preprocess(image, distort, standardize)
-    label.set_shape([1])
+    # Each thread reads and preprocesses a run of records per session call:
+    # one call per record costs more than the work itself, above all in a
+    # cluster, where every call goes through the gRPC master.
+    images, labels = read_cifar10(filename_queue,
+                                  min(RECORDS_PER_READ, batch_size))
+    images = preprocess(images, distort, standardize)
+    images.set_shape([None, IMAGE_SIZE, IMAGE_SIZE, cifar_depth])
+    batch_args = dict(batch_size=batch_size, enqueue_many=True,
+                      num_threads=num_preprocess_threads, capacity=capacity,
+                      allow_smaller_final_batch=num_epochs is not None)
     if shuffle:
       images, label_batch = tf1.train.shuffle_batch(
-          [image, label], batch_size=batch_size,
-          num_threads=num_preprocess_threads, capacity=capacity,
-          min_after_dequeue=min_queue_examples, seed=seed,
-          allow_smaller_final_batch=num_epochs is not None)
+          [images, labels], min_after_dequeue=min_queue_examples, seed=seed,
+          **batch_args)
     else:
-      images, label_batch = tf1.train.batch(
-          [image, label], batch_size=batch_size,
-          num_threads=num_preprocess_threads, capacity=capacity,
-          allow_smaller_final_batch=num_epochs is not None)
+      images, label_batch = tf1.train.batch([images, labels], **batch_args)
   return images, tf.reshape(label_batch, [-1])

@@ -30,8 +30,8 @@ RECORD_BYTES = 1 + SIZE * SIZE * 3
 NUM_TRAIN_FILES = 5
 CLASS_NAMES = ['airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog',
                'horse', 'ship', 'truck']
-NOISE_STDDEV = 24.0
-MIN_RADIUS, MAX_RADIUS = 5, 8
+NOISE_STDDEV = 16.0
+MIN_RADIUS, MAX_RADIUS = 6, 9
 
 
 def shape_masks(labels, dy, dx, r):

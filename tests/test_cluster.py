@@ -166,3 +166,21 @@ def test_bad_flags_give_one_line_and_exit_2(procs, tmp_path, flags, message):
   errors = [l for l in log.splitlines() if l.startswith('Error: ')]
   assert len(errors) == 1 and message in errors[0], log
   assert 'Traceback' not in log
+
+
+def test_fresh_start_empties_train_dir_and_starts_over(procs, tiny_data,
+                                                      tmp_path):
+  train_dir = str(tmp_path / 'train')
+  flags = ['--ps_hosts=', '--data_dir=' + tiny_data,
+           '--train_dir=' + train_dir, '--max_steps=10'] + FAST
+  procs.trainer('first', *flags)
+  assert procs.wait_all(timeout=120) == {'first': 0}, procs.tails()
+  (tmp_path / 'train' / 'stale.txt').write_text('from the first run')
+  procs.trainer('again', '--fresh_start', *flags)
+  assert procs.wait_all(timeout=120) == {'first': 0, 'again': 0}
+  log = procs.log('again')
+  assert '--fresh_start: deleting %s' % train_dir in log
+  assert 'resuming' not in log
+  assert [int(s) for s in PROGRESS.findall(log)] == [5, 10]
+  assert not (tmp_path / 'train' / 'stale.txt').exists()
+  assert checkpoint_step(train_dir) == 10

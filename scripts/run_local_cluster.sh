@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# Starts a whole cluster on this machine: ps tasks, workers and an evaluator
+# of train_distributed.py on free localhost ports, one log file per task.
+# Streams the chief's progress and the evaluator's test results, and exits 0
+# only when every worker finished and the evaluator printed the final test
+# accuracy. Ctrl-C or SIGTERM stops exactly the processes it started.
+set -u -o pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+python=${PYTHON:-python3}
+
+num_ps=1
+num_workers=2
+max_steps=400
+batch_size=128
+data_dir=./cifar-10-batches-bin
+train_dir=./models_cifar10
+log_dir=./logs
+replicas_to_aggregate=
+num_gpus=0
+async=0
+synthetic=0
+extra=()
+
+usage() {
+  cat <<EOF
+Usage: scripts/run_local_cluster.sh [options] [-- trainer flags...]
+
+Starts NUM_PS ps tasks, NUM_WORKERS workers and one evaluator of
+train_distributed.py on free localhost ports and waits for them.
+
+  --num_ps=N                 ps tasks (default: $num_ps)
+  --num_workers=N            worker tasks; worker 0 is the chief (default: $num_workers)
+  --max_steps=N              global steps to train (default: $max_steps)
+  --batch_size=N             images per batch per worker (default: $batch_size)
+  --data_dir=DIR             CIFAR-10 binary files (default: $data_dir); when it
+                             has none, the real CIFAR-10 is downloaded first
+  --synthetic                instead, make a synthetic dataset there if it has none
+  --train_dir=DIR            checkpoints and summaries (default: $train_dir);
+                             an existing checkpoint is resumed
+  --log_dir=DIR              one log file per task (default: $log_dir)
+  --async                    asynchronous training (default: synchronous)
+  --replicas_to_aggregate=N  gradients per update in synchronous training
+                             (default: the number of workers)
+  --num_gpus=N               GPUs on this machine; worker i sees only GPU i % N
+                             through CUDA_VISIBLE_DEVICES, the ps tasks and the
+                             evaluator see none (default: $num_gpus)
+  -h, --help                 this help
+
+Flags after -- go to every train_distributed.py process, e.g.
+  scripts/run_local_cluster.sh --synthetic -- --fresh_start --log_frequency=50
+EOF
+}
+
+die() {
+  echo "run_local_cluster.sh: error: $*" >&2
+  exit 2
+}
+
+set_option() {  # set_option NAME VALUE
+  case $1 in
+    num_ps|num_workers|max_steps|batch_size|replicas_to_aggregate|num_gpus)
+      [[ $2 =~ ^[0-9]+$ ]] || die "--$1 needs a number, got '$2'"
+      printf -v "$1" '%s' "$2" ;;
+    data_dir|train_dir|log_dir)
+      [ -n "$2" ] || die "--$1 needs a directory"
+      printf -v "$1" '%s' "$2" ;;
+    *) die "unknown option --$1 (see --help)" ;;
+  esac
+}
+
+while (($#)); do
+  case $1 in
+    -h|--help) usage; exit 0 ;;
+    --async) async=1 ;;
+    --synthetic) synthetic=1 ;;
+    --) shift; extra=("$@"); break ;;
+    --*=*) key=${1%%=*}; set_option "${key#--}" "${1#*=}" ;;
+    --*) (($# >= 2)) || die "$1 needs a value"
+         set_option "${1#--}" "$2"; shift ;;
+    *) die "unexpected argument '$1' (see --help)" ;;
+  esac
+  shift
+done
+((num_ps >= 1)) || die "--num_ps must be at least 1"
+((num_workers >= 1)) || die "--num_workers must be at least 1"
+((max_steps >= 1)) || die "--max_steps must be at least 1"
+((batch_size >= 1)) || die "--batch_size must be at least 1"
+
+# Data first: nothing is started until it is there.
+if ! compgen -G "$data_dir/data_batch_*.bin" > /dev/null ||
+   [ ! -f "$data_dir/test_batch.bin" ]; then
+  if ((synthetic)); then
+    "$python" "$root/scripts/make_synthetic_cifar10.py" --data_dir="$data_dir" ||
+      die "could not make the synthetic dataset in $data_dir"
+  else
+    "$python" "$root/scripts/download_cifar10.py" --data_dir="$data_dir" ||
+      die "no CIFAR-10 in $data_dir (use --synthetic to train on generated data)"
+  fi
+fi
+
+mkdir -p "$log_dir" || die "cannot create --log_dir=$log_dir"
+log_dir=$(cd "$log_dir" && pwd)
+
+# Free ports, all at once so that no two tasks get the same one.
+ports=($("$python" - "$((num_ps + num_workers))" <<'EOF'
+import socket, sys
+socks = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in socks:
+  s.bind(('', 0))  # TensorFlow's servers listen on all interfaces.
+print(' '.join(str(s.getsockname()[1]) for s in socks))
+EOF
+)) || die "could not find free ports"
+join() { local IFS=,; echo "$*"; }
+ps_hosts=$(join $(for p in "${ports[@]:0:num_ps}"; do echo "localhost:$p"; done))
+worker_hosts=$(join $(for p in "${ports[@]:num_ps}"; do echo "localhost:$p"; done))
+
+flags=(--ps_hosts="$ps_hosts" --worker_hosts="$worker_hosts"
+       --data_dir="$data_dir" --train_dir="$train_dir"
+       --max_steps="$max_steps" --batch_size="$batch_size")
+((async)) && flags+=(--nosync_replicas)
+[ -n "$replicas_to_aggregate" ] && flags+=(--replicas_to_aggregate="$replicas_to_aggregate")
+((num_gpus > 0)) && flags+=(--num_gpus=1)  # Each worker sees one GPU.
+flags+=("${extra[@]}")
+
+names=()
+declare -A pid status
+tail_pid=
+start() {  # start NAME CUDA_VISIBLE_DEVICES TRAINER_FLAGS...
+  local name=$1 gpus=$2
+  shift 2
+  CUDA_VISIBLE_DEVICES=$gpus PYTHONUNBUFFERED=1 \
+    "$python" "$root/train_distributed.py" "$@" > "$log_dir/$name.log" 2>&1 &
+  pid[$name]=$!
+  names+=("$name")
+}
+
+stop_all() {  # Stops what this script started, by PID: TERM, then KILL.
+  local name left
+  for name in "${names[@]}"; do
+    [ -z "${status[$name]:-}" ] && kill -TERM "${pid[$name]}" 2> /dev/null
+  done
+  for _ in $(seq 50); do
+    left=0
+    for name in "${names[@]}"; do
+      [ -z "${status[$name]:-}" ] && kill -0 "${pid[$name]}" 2> /dev/null && left=1
+    done
+    ((left)) || break
+    sleep 0.1
+  done
+  for name in "${names[@]}"; do
+    if [ -z "${status[$name]:-}" ]; then
+      kill -KILL "${pid[$name]}" 2> /dev/null
+      wait "${pid[$name]}" 2> /dev/null
+      status[$name]=killed
+    fi
+  done
+  [ -n "$tail_pid" ] && kill "$tail_pid" 2> /dev/null
+}
+interrupted() {
+  echo "run_local_cluster.sh: $1: stopping the cluster" >&2
+  stop_all
+  exit "$2"
+}
+trap 'interrupted interrupted 130' INT
+trap 'interrupted terminated 143' TERM
+trap stop_all EXIT
+
+echo "Logs: $log_dir/{ps0..,worker0..,evaluator}.log"
+echo "Cluster: ps $ps_hosts; workers $worker_hosts; train_dir $train_dir"
+for ((i = 0; i < num_ps; i++)); do
+  start "ps$i" "" --job_name=ps --task_index=$i "${flags[@]}"
+done
+for ((i = num_workers - 1; i >= 0; i--)); do
+  gpus=""
+  ((num_gpus > 0)) && gpus=$((i % num_gpus))
+  start "worker$i" "$gpus" --job_name=worker --task_index=$i "${flags[@]}"
+done
+start evaluator "" --job_name=evaluator "${flags[@]}"
+
+# The chief's progress and the evaluator's results, until this script ends.
+tail -n +1 -F "$log_dir/worker0.log" "$log_dir/evaluator.log" 2> /dev/null \
+  > >(grep --line-buffered -E 'Train accuracy|Test accuracy|^Error') &
+tail_pid=$!
+
+fail() {  # fail NAME MESSAGE
+  echo "run_local_cluster.sh: $1 $2; the end of $log_dir/$1.log:" >&2
+  tail -n 20 "$log_dir/$1.log" | sed 's/^/    /' >&2
+  exit 1
+}
+
+# Wait: every worker and the evaluator must exit 0; so must the ps tasks,
+# which exit by themselves once every worker is done.
+ps_deadline=
+while :; do
+  running=()
+  for name in "${names[@]}"; do
+    [ -n "${status[$name]:-}" ] && continue
+    if kill -0 "${pid[$name]}" 2> /dev/null; then
+      running+=("$name")
+      continue
+    fi
+    wait "${pid[$name]}"
+    status[$name]=$?
+    ((status[$name] == 0)) || fail "$name" "exited with status ${status[$name]}"
+  done
+  ((${#running[@]})) || break
+  if [[ ! " ${running[*]}" =~ " "(worker|evaluator) ]]; then
+    # Only ps tasks are left: they get 30 s to see the workers' done posts.
+    : "${ps_deadline:=$((SECONDS + 30))}"
+    ((SECONDS < ps_deadline)) || fail "${running[0]}" "did not exit 30 s after the workers"
+  fi
+  sleep 0.5
+done
+
+result=$(grep 'Test accuracy' "$log_dir/evaluator.log" | tail -n 1)
+[ -n "$result" ] || fail evaluator "printed no test accuracy"
+echo "Final: $result"
+echo "Results: $train_dir/eval/results.jsonl; logs: $log_dir"

@@ -1,0 +1,158 @@
+"""scripts/run_local_cluster.sh end to end, and the evaluator's exact count."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import cifar10_model
+from conftest import ROOT
+
+tf1 = tf.compat.v1
+
+SCRIPT = os.path.join(ROOT, 'scripts', 'run_local_cluster.sh')
+FAST = ['--batch_size=16', '--', '--num_preprocess_threads=2',
+        '--log_frequency=5', '--save_checkpoint_steps=10',
+        '--eval_interval_secs=0.5']
+
+
+def run_script(tmp_path, data_dir, *args):
+  """Starts the script in its own folder; returns (Popen, log path)."""
+  log = open(tmp_path / 'script.out', 'w')
+  proc = subprocess.Popen(
+      ['bash', SCRIPT, '--data_dir=' + data_dir,
+       '--train_dir=' + str(tmp_path / 'train'),
+       '--log_dir=' + str(tmp_path / 'logs')] + list(args),
+      stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path))
+  log.close()
+  return proc
+
+
+def processes_mentioning(text):
+  """PIDs of live processes whose command line contains text."""
+  out = subprocess.run(['pgrep', '-f', text], capture_output=True, text=True)
+  return [int(p) for p in out.stdout.split()]
+
+
+@pytest.fixture
+def script_procs(tmp_path):
+  """Kills, by PID, the script and anything it left, whatever happens."""
+  started = []
+  yield started
+  for proc in started:
+    if proc.poll() is None:
+      os.kill(proc.pid, signal.SIGKILL)
+      proc.wait()
+  for pid in processes_mentioning(str(tmp_path)):
+    os.kill(pid, signal.SIGKILL)
+
+
+def wait_for(path, text, proc, timeout):
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if os.path.exists(path) and text in open(path).read():
+      return
+    assert proc.poll() is None, open(path).read() if os.path.exists(path) else ''
+    time.sleep(0.2)
+  pytest.fail('%r never appeared in %s' % (text, path))
+
+
+def test_script_runs_a_cluster_with_an_evaluator(tmp_path, tiny_data,
+                                                 script_procs):
+  proc = run_script(tmp_path, tiny_data, '--max_steps=20', *FAST)
+  script_procs.append(proc)
+  assert proc.wait(timeout=240) == 0, (tmp_path / 'script.out').read_text()
+  out = (tmp_path / 'script.out').read_text()
+  assert 'Logs: %s' % (tmp_path / 'logs') in out
+  assert re.search(r': step \d+, loss = .* ,Train accuracy = ', out)
+  final = re.search(r'^Final: .*: step 20, loss = \d+\.\d\d ,Test accuracy = '
+                    r'(\d\.\d{4}) \(50 examples\)$', out, re.M)
+  assert final, out
+  lines = (tmp_path / 'train' / 'eval' / 'results.jsonl').read_text()
+  results = [json.loads(l) for l in lines.splitlines()]
+  assert results[-1]['step'] == 20 and results[-1]['examples'] == 50
+  assert results[-1]['accuracy'] == float(final.group(1))
+  assert results[-1]['checkpoint'].endswith('model.ckpt-20')
+  assert sorted(os.listdir(tmp_path / 'logs')) == [
+      'evaluator.log', 'ps0.log', 'worker0.log', 'worker1.log']
+  assert not processes_mentioning(str(tmp_path))
+
+
+def test_a_failing_worker_fails_the_script_and_leaves_no_process(
+    tmp_path, tiny_data, script_procs):
+  # The workers read a training file with a bad label; the ps and the
+  # evaluator (which reads only the test file) would wait forever.
+  data_dir = tmp_path / 'data'
+  shutil.copytree(tiny_data, data_dir)
+  with open(data_dir / 'data_batch_2.bin', 'r+b') as f:
+    f.write(b'\x0c')
+  proc = run_script(tmp_path, str(data_dir), '--max_steps=20', *FAST)
+  script_procs.append(proc)
+  assert proc.wait(timeout=120) == 1
+  out = (tmp_path / 'script.out').read_text()
+  assert re.search(r'worker[01] exited with status 2; the end of', out), out
+  assert 'record 0 has label 12' in out
+  assert not processes_mentioning(str(tmp_path))
+
+
+@pytest.mark.parametrize('sig, code', [(signal.SIGTERM, 143),
+                                       (signal.SIGINT, 130)])
+def test_interrupting_the_script_stops_everything_it_started(
+    tmp_path, tiny_data, script_procs, sig, code):
+  proc = run_script(tmp_path, tiny_data, '--max_steps=100000', *FAST)
+  script_procs.append(proc)
+  wait_for(str(tmp_path / 'script.out'), 'Train accuracy', proc, 120)
+  out = (tmp_path / 'script.out').read_text()
+  ports = [int(p) for p in re.findall(r'localhost:(\d+)', out)]
+  assert len(ports) == 3
+  proc.send_signal(sig)
+  assert proc.wait(timeout=30) == code
+  assert not processes_mentioning(str(tmp_path))
+  for port in ports:  # Nothing listens there any more.
+    with socket.socket() as s:
+      # As a server would: connections of the killed tasks in TIME_WAIT
+      # do not count, a listening socket would.
+      s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      s.bind(('', port))
+      s.listen()
+
+
+def test_evaluator_counts_every_test_record_exactly_once(tmp_path, tiny_data):
+  train_dir = str(tmp_path / 'train')
+  common = ['--data_dir=' + tiny_data, '--train_dir=' + train_dir,
+            '--batch_size=16', '--num_preprocess_threads=2']
+  trainer = os.path.join(ROOT, 'train_distributed.py')
+  subprocess.run(['python3', trainer, '--ps_hosts=', '--max_steps=8'] + common,
+                 check=True, capture_output=True)
+  out = subprocess.run(['python3', trainer, '--job_name=evaluator',
+                        '--run_once'] + common, check=True,
+                       capture_output=True, text=True).stdout
+  got = re.search(r'step 8, loss = (\d+\.\d\d) ,Test accuracy = (\d\.\d{4}) '
+                  r'\((\d+) examples\)', out)
+  assert got, out
+
+  # The same numbers computed independently: decode test_batch.bin with
+  # numpy, run the restored network on all 50 images at once.
+  records = np.fromfile(os.path.join(tiny_data, 'test_batch.bin'), np.uint8)
+  records = records.reshape(-1, 3073)
+  labels = records[:, 0].astype(np.int32)
+  images = records[:, 1:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+  with tf.Graph().as_default():
+    x = tf.image.per_image_standardization(tf.constant(images, tf.float32))
+    logits = cifar10_model.inference(x, is_training=False)
+    loss = cifar10_model.loss(logits, labels)
+    with tf1.Session() as sess:
+      tf1.train.Saver().restore(sess, tf.train.latest_checkpoint(train_dir))
+      logits_v, loss_v = sess.run([logits, loss])
+  accuracy = np.mean(np.argmax(logits_v, 1) == labels)
+  assert int(got.group(3)) == 50
+  assert float(got.group(2)) == pytest.approx(accuracy, abs=1e-4)
+  assert float(got.group(1)) == pytest.approx(loss_v, abs=0.006)
