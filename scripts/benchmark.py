@@ -174,9 +174,15 @@ def run_training(name, data_dir, work, num_ps, num_workers, steps,
                                      stderr=subprocess.STDOUT)
       log.close()
     for task, proc in procs.items():
-      if proc.wait(timeout=60 + steps * 10) != 0:
-        raise RuntimeError('%s %s failed; see %s' % (
-            name, task, os.path.join(work, '%s-%s.log' % (name, task))))
+      try:
+        code = proc.wait(timeout=60 + steps * 10)
+      except subprocess.TimeoutExpired:
+        code = 'still running after %d s' % (60 + steps * 10)
+      if code != 0:
+        with open(os.path.join(work, '%s-%s.log' % (name, task))) as f:
+          tail = f.read()[-3000:]
+        raise RuntimeError('%s: %s exited with %s; the end of its log:\n%s' %
+                           (name, task, code, tail))
     gone = time.time()
   finally:
     for proc in procs.values():
@@ -189,11 +195,13 @@ def run_training(name, data_dir, work, num_ps, num_workers, steps,
       with open(os.path.join(work, '%s-%s.log' % (name, task))) as f:
         lines[task] = [datetime.strptime(t, '%Y-%m-%d %H:%M:%S.%f').timestamp()
                        for t, _ in PROGRESS.findall(f.read())]
-  # Steady state: the second half of each worker's steps.
+  # Steady state: the second half of each worker's steps. (In a short
+  # asynchronous run a late worker may get one step or none: it adds none.)
   rate = 0.0
   for times in lines.values():
     half = times[len(times) // 2:]
-    rate += (len(half) - 1) * batch_size / (half[-1] - half[0])
+    if len(half) > 1:
+      rate += (len(half) - 1) * batch_size / (half[-1] - half[0])
   return {'images_per_sec': rate,
           'first_step_secs': lines['worker0'][0] - launched,
           'shutdown_secs': gone - max(t[-1] for t in lines.values())}

@@ -101,7 +101,7 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   parser.add_argument('--data_dir', default='./cifar-10-batches-bin',
                       help='where to write the files (default: %(default)s)')
-  parser.add_argument('--train_records', type=int, default=10000,
+  parser.add_argument('--train_records', type=int, default=2000,
                       help='records per data_batch_N.bin (default: '
                       '%(default)s; the real CIFAR-10 has 10000)')
   parser.add_argument('--test_records', type=int, default=2000,
