@@ -22,6 +22,7 @@ import os
 import shutil
 import signal
 import sys
+import logging
 import threading
 import time
 import warnings
@@ -324,8 +325,9 @@ class SyncReplicasHook(tf1.train.SessionRunHook):
   in take_grad waiting for gradients no worker will send, so
   MonitoredSession.close() waits its 120 s grace period and the thread then
   raises CancelledError. Here the thread is not joined: it ends when the
-  session closes, and counts that as a normal end. Another error is passed
-  to the coordinator, which raises it in the training loop.
+  session closes, and counts that as a normal end. So does a lost ps, from
+  which the training loop recovers; another error is passed to the
+  coordinator, which raises it in the training loop.
   """
 
   def __init__(self, opt, is_chief):
@@ -350,8 +352,41 @@ class SyncReplicasHook(tf1.train.SessionRunHook):
         session.run(self._sync_op)
     except (tf.errors.CancelledError, tf.errors.OutOfRangeError, RuntimeError):
       pass  # The session or the token queue was closed: training is over.
+    except (tf.errors.UnavailableError, tf.errors.AbortedError):
+      # A ps went away. The training loop's own step fails the same way and
+      # MonitoredSession recovers; reported to the coordinator, this error
+      # would be raised again when the broken session closes, and kill us.
+      pass
     except Exception as e:  # pylint: disable=broad-except
       coord.request_stop(e)
+
+
+class ReportLostTask(logging.Filter):
+  """Turns TensorFlow's note that a task was lost into one line on stderr.
+
+  When a ps or the chief goes away, MonitoredSession catches the
+  UnavailableError or AbortedError, logs it at INFO level (below what we
+  show) and waits, inside the close of the broken session, for the task to
+  come back. This filter on TensorFlow's logger is the one place that hears
+  of it when it happens; everything else stays hidden as before.
+  """
+
+  PREFIX = 'An error was raised. This may be due to a preemption'
+
+  def __init__(self, task_index):
+    super().__init__()
+    self._task_index = task_index
+
+  def filter(self, record):
+    if record.levelno >= logging.ERROR:
+      return True
+    message = record.getMessage()
+    if message.startswith(self.PREFIX):
+      error = message.rsplit('Error: ', 1)[-1].strip().splitlines()[0]
+      print('Worker %d: lost a task of the cluster (%s); waiting for it to '
+            'come back' % (self._task_index, error), file=sys.stderr,
+            flush=True)
+    return False
 
 
 class SessionCreator(tf1.train.SessionCreator):
@@ -368,8 +403,18 @@ class SessionCreator(tf1.train.SessionCreator):
     self._config = config
     self._is_chief = is_chief
     self._checkpoint_dir = checkpoint_dir
+    self._sessions = 0
 
   def create_session(self):
+    # MonitoredSession calls this again once a lost task is back (see
+    # ReportLostTask): a restarted ps has lost its variables.
+    if self._sessions:
+      print('Worker %d: the cluster is back; %s' % (
+          FLAGS.task_index or 0,
+          'restoring the latest checkpoint' if self._is_chief else
+          'waiting for the chief to restore the model'),
+            file=sys.stderr, flush=True)
+    self._sessions += 1
     self._scaffold.finalize()
     manager = tf1.train.SessionManager(
         local_init_op=self._scaffold.local_init_op,
@@ -385,6 +430,58 @@ class SessionCreator(tf1.train.SessionCreator):
     return manager.wait_for_session(self._master, config=self._config)
 
 
+class StopOnSignal(tf1.train.SessionRunHook):
+  """SIGINT or SIGTERM: the chief writes a checkpoint; the task exits now.
+
+  Python runs a signal handler only between bytecodes, and a worker can sit
+  inside session.run for as long as another worker is down (synchronous
+  training waits for its gradients), so a handler alone could wait forever.
+  The C-level handler still writes the signal number to the wakeup fd, and a
+  thread reading it saves and exits while the main thread stays blocked.
+  """
+
+  def __init__(self, name, scaffold=None, train_dir=None, global_step=None):
+    """Starts watching for the signals.
+
+    Args:
+      name: This task, for the message: 'Worker 0', 'Evaluator'.
+      scaffold: The chief's Scaffold, whose saver writes the checkpoint;
+        None on other workers, which only exit.
+      train_dir: Where the checkpoint goes.
+      global_step: The global step tensor, which names the checkpoint.
+    """
+    self._name = name
+    self._scaffold, self._train_dir = scaffold, train_dir
+    self._global_step = global_step
+    self._session = None
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.set_wakeup_fd(write_fd)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+      signal.signal(signum, lambda *_: None)  # The wakeup fd carries it.
+    threading.Thread(target=self._watch, args=(read_fd,), daemon=True,
+                     name='stop_on_signal').start()
+
+  def after_create_session(self, session, coord):
+    self._session = session
+
+  def _watch(self, read_fd):
+    signum = os.read(read_fd, 1)[0]
+    message = '%s: %s' % (self._name, signal.Signals(signum).name)
+    if self._scaffold is not None and self._session is not None:
+      try:
+        path = self._scaffold.saver.save(
+            self._session, os.path.join(self._train_dir, 'model.ckpt'),
+            global_step=self._global_step)
+        message += ': wrote %s' % path
+      except Exception as e:  # pylint: disable=broad-except
+        message += ': could not write a checkpoint (%s)' % (
+            str(e).splitlines()[0])
+    print(message + '; exiting', file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(128 + signum)  # The main thread may be blocked in a step.
+
+
 def prepare_train_dir(train_dir, is_chief):
   """Makes train_dir; the chief empties it first with --fresh_start."""
   if is_chief and FLAGS.fresh_start and os.path.exists(train_dir):
@@ -398,6 +495,31 @@ def prepare_train_dir(train_dir, is_chief):
   if is_chief and not os.access(train_dir, os.W_OK | os.X_OK):
     raise UsageError('--train_dir=%s is not writable: choose another '
                      'directory or fix its permissions' % train_dir)
+
+
+def check_checkpoint_matches(train_dir):
+  """Raises UsageError if train_dir's checkpoint is of a different model.
+
+  Restoring it would fail deep inside the session with a long traceback;
+  the chief checks the names and shapes of its global variables first.
+  """
+  latest = tf.train.latest_checkpoint(train_dir)
+  if not latest:
+    return
+  try:
+    saved = dict(tf.train.list_variables(latest))
+  except (tf.errors.OpError, ValueError) as e:
+    raise UsageError('cannot read the checkpoint %s (%s): use another '
+                     '--train_dir or --fresh_start' % (
+                         latest, str(e).splitlines()[0]))
+  for var in tf1.global_variables():
+    name, shape = var.op.name, var.shape.as_list()
+    if saved.get(name) != shape:
+      raise UsageError(
+          '--train_dir=%s holds a checkpoint of a different model (%s: %s '
+          'in the checkpoint, %s here): use another --train_dir, or '
+          '--fresh_start to delete it' % (train_dir, name,
+                                          saved.get(name, 'missing'), shape))
 
 
 def learning_rate(global_step, num_train_records, examples_per_step):
@@ -418,7 +540,8 @@ def main(_):
   tf1.disable_eager_execution()  # Queue runners need graph mode.
   # The TF1 API we keep on purpose (queues, slim layers) is deprecated:
   # one warning per call site, on every start, tells a user nothing.
-  tf.get_logger().setLevel('ERROR')
+  tf.get_logger().setLevel('INFO')
+  tf.get_logger().addFilter(ReportLostTask(FLAGS.task_index or 0))
   warnings.filterwarnings('ignore', message='`layer.apply` is deprecated')
   try:
     return train()
@@ -440,6 +563,7 @@ def train():
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # Nothing to save: just go.
     return run_ps(cluster, task_index, num_workers)
   if job_name == 'evaluator':
+    StopOnSignal('Evaluator')
     return cifar10_eval.run(FLAGS.train_dir, FLAGS.data_dir, FLAGS.batch_size,
                             FLAGS.standardize, FLAGS.max_steps,
                             FLAGS.eval_interval_secs, FLAGS.run_once)
@@ -512,6 +636,8 @@ def train():
     close_tokens = (opt.get_chief_queue_runner().queue.close(
         cancel_pending_enqueues=True) if sync and is_chief else tf.no_op())
 
+  if is_chief:
+    check_checkpoint_matches(train_dir)
   config = session_config('worker', task_index,
                           worker_hosts if cluster else None)
   if cluster is None:
@@ -522,13 +648,16 @@ def train():
   else:
     master = start_server(cluster, 'worker', task_index, config).target
 
-  hooks = [tf1.train.NanTensorHook(loss),  # First: nothing saves a NaN step.
-           tf1.train.StopAtStepHook(last_step=FLAGS.max_steps)]
-  if sync:
-    hooks.append(SyncReplicasHook(opt, is_chief))
   # The sync optimizer's own readiness check: all global variables exist.
   scaffold = tf1.train.Scaffold(
       ready_for_local_init_op=opt.ready_for_local_init_op if sync else None)
+  hooks = [tf1.train.NanTensorHook(loss),  # First: nothing saves a NaN step.
+           tf1.train.StopAtStepHook(last_step=FLAGS.max_steps),
+           StopOnSignal('Worker %d' % task_index,
+                        *((scaffold, train_dir, global_step) if is_chief
+                          else ()))]
+  if sync:
+    hooks.append(SyncReplicasHook(opt, is_chief))
   if is_chief:
     hooks += [tf1.train.CheckpointSaverHook(
         train_dir, save_steps=FLAGS.save_checkpoint_steps, scaffold=scaffold),
@@ -597,6 +726,11 @@ def run_loop(sess, fetches, is_chief, train_dir):
       if writer:
         writer.add_summary(tf1.Summary(value=[tf1.Summary.Value(
             tag='examples/sec', simple_value=examples_per_sec)]), step)
+    if step >= FLAGS.max_steps:
+      # The step this run reached, read after it: in asynchronous training
+      # StopAtStepHook's estimate (the step before the run, plus one) lags
+      # behind the other workers' updates and lets a worker overshoot.
+      break
 
 
 def tell_cluster_done(master, config, close_tokens, post_done, global_step):

@@ -1,0 +1,229 @@
+"""Faults: killed and restarted tasks, signals, bad input. Each bounded."""
+
+import os
+import signal
+import time
+
+import pytest
+import tensorflow as tf
+
+from conftest import free_ports
+from test_cluster import FAST, PROGRESS, checkpoint_step, cluster_flags
+
+
+def steps(procs, name):
+  return [int(s) for s in PROGRESS.findall(procs.log(name))]
+
+
+def wait_until(predicate, timeout, what, procs):
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if predicate():
+      return
+    time.sleep(0.2)
+  pytest.fail('%s did not happen within %d s; logs:\n%s' % (what, timeout,
+                                                            procs.tails()))
+
+
+def last_step(procs, name):
+  found = steps(procs, name)
+  return found[-1] if found else -1
+
+
+def start_sync_cluster(procs, flags):
+  procs.trainer('ps0', '--job_name=ps', '--task_index=0', *flags)
+  procs.trainer('worker1', '--job_name=worker', '--task_index=1', *flags)
+  procs.trainer('worker0', '--job_name=worker', '--task_index=0', *flags)
+
+
+def kill9(procs, name):
+  procs.procs[name].kill()
+  procs.procs[name].wait()
+
+
+def test_sigterm_makes_the_chief_checkpoint_and_exit(procs, tiny_data,
+                                                     tmp_path):
+  train_dir = str(tmp_path / 'train')
+  procs.trainer('single', '--ps_hosts=', '--data_dir=' + tiny_data,
+                '--train_dir=' + train_dir, '--max_steps=100000',
+                '--save_checkpoint_steps=100000', *FAST)
+  wait_until(lambda: last_step(procs, 'single') >= 10, 90, 'step 10', procs)
+  procs.procs['single'].send_signal(signal.SIGTERM)
+  assert procs.wait_all(timeout=15) == {'single': 143}
+  assert 'Worker 0: SIGTERM: wrote %s/model.ckpt-' % train_dir in procs.log(
+      'single')
+  assert checkpoint_step(train_dir) >= 10
+
+
+def test_backup_worker_killed_and_restarted(procs, tiny_data, tmp_path):
+  flags = cluster_flags(tiny_data, str(tmp_path / 'train')) + [
+      '--max_steps=100000', '--replicas_to_aggregate=1']
+  start_sync_cluster(procs, flags)
+  wait_until(lambda: last_step(procs, 'worker1') >= 5, 90, 'worker 1 steps',
+             procs)
+  kill9(procs, 'worker1')
+  killed_at = last_step(procs, 'worker0')
+  # One gradient per update: the chief goes on alone.
+  wait_until(lambda: last_step(procs, 'worker0') >= killed_at + 20, 60,
+             'the chief advancing without worker 1', procs)
+  procs.trainer('worker1_again', '--job_name=worker', '--task_index=1',
+                *flags)
+  wait_until(lambda: steps(procs, 'worker1_again'), 60, 'worker 1 rejoining',
+             procs)
+  assert min(steps(procs, 'worker1_again')) > killed_at
+  assert procs.procs['worker0'].poll() is None
+
+
+def test_full_sync_waits_for_a_lost_worker_and_resumes(procs, tiny_data,
+                                                       tmp_path):
+  train_dir = str(tmp_path / 'train')
+  flags = cluster_flags(tiny_data, train_dir) + [
+      '--max_steps=100000', '--save_checkpoint_steps=100000',
+      '--log_frequency=1']
+  start_sync_cluster(procs, flags)
+  wait_until(lambda: last_step(procs, 'worker0') >= 5, 90, 'chief steps',
+             procs)
+  kill9(procs, 'worker1')
+  time.sleep(1)
+  stalled_at = last_step(procs, 'worker0')
+  time.sleep(4)
+  # Waiting for worker 1's gradients, without crashing.
+  assert last_step(procs, 'worker0') <= stalled_at + 1
+  assert procs.procs['worker0'].poll() is None
+  procs.trainer('worker1_again', '--job_name=worker', '--task_index=1',
+                *flags)
+  wait_until(lambda: last_step(procs, 'worker0') >= stalled_at + 10, 60,
+             'training resuming', procs)
+
+  # SIGTERM while the chief is blocked on a lost worker: it still writes a
+  # checkpoint and exits at once.
+  kill9(procs, 'worker1_again')
+  time.sleep(1)
+  blocked_at = last_step(procs, 'worker0')
+  procs.procs['worker0'].send_signal(signal.SIGTERM)
+  start = time.time()
+  assert procs.procs['worker0'].wait(timeout=15) == 143
+  assert time.time() - start < 10
+  assert 'Worker 0: SIGTERM: wrote' in procs.log('worker0')
+  assert checkpoint_step(train_dir) >= blocked_at
+
+
+def test_killed_chief_resumes_from_its_checkpoint(procs, tiny_data,
+                                                  tmp_path):
+  train_dir = str(tmp_path / 'train')
+  flags = cluster_flags(tiny_data, train_dir) + ['--max_steps=60',
+                                                 '--save_checkpoint_steps=10']
+  start_sync_cluster(procs, flags)
+  wait_until(lambda: last_step(procs, 'worker0') >= 25, 90, 'step 25', procs)
+  kill9(procs, 'worker0')
+  saved = checkpoint_step(train_dir)
+  assert saved >= 20
+  procs.trainer('worker0_again', '--job_name=worker', '--task_index=0',
+                *flags)
+  codes = procs.wait_all(timeout=150)
+  assert codes == {'ps0': 0, 'worker1': 0, 'worker0': -9,
+                   'worker0_again': 0}, procs.tails()
+  log = procs.log('worker0_again')
+  assert 'resuming from %s/model.ckpt-%d' % (train_dir, saved) in log
+  assert min(steps(procs, 'worker0_again')) >= saved
+  assert checkpoint_step(train_dir) == 60
+
+
+def test_killed_ps_is_survived_from_the_latest_checkpoint(procs, tiny_data,
+                                                          tmp_path):
+  train_dir = str(tmp_path / 'train')
+  flags = cluster_flags(tiny_data, train_dir) + ['--max_steps=60',
+                                                 '--save_checkpoint_steps=10']
+  start_sync_cluster(procs, flags)
+  wait_until(lambda: last_step(procs, 'worker0') >= 25, 90, 'step 25', procs)
+  kill9(procs, 'ps0')
+  saved = checkpoint_step(train_dir)
+  lost_at = last_step(procs, 'worker0')
+  for name in ('worker0', 'worker1'):
+    wait_until(lambda n=name: 'lost a task of the cluster' in procs.log(n),
+               60, '%s noticing' % name, procs)
+  procs.trainer('ps0_again', '--job_name=ps', '--task_index=0', *flags)
+  codes = procs.wait_all(timeout=150)
+  assert codes == {'ps0': -9, 'worker1': 0, 'worker0': 0, 'ps0_again': 0}, (
+      procs.tails())
+  log = procs.log('worker0')
+  assert 'Worker 0: the cluster is back; restoring the latest checkpoint' in log
+  after = [int(s) for s in PROGRESS.findall(log.split('cluster is back')[1])]
+  assert lost_at - saved <= 10
+  # Restarted from the checkpoint: back before the loss, never before it.
+  assert after and saved <= after[0] <= lost_at + 5
+  assert checkpoint_step(train_dir) == 60
+
+
+def test_completion_leaves_nothing_listening(procs, tiny_data, tmp_path):
+  flags = cluster_flags(tiny_data, str(tmp_path / 'train')) + [
+      '--max_steps=10']
+  ports = [int(h.rsplit(':', 1)[1]) for f in flags[:2]
+           for h in f.split('=', 1)[1].split(',')]
+  start_sync_cluster(procs, flags)
+  start = time.time()
+  procs.wait_all(timeout=120)
+  for name in ('ps0', 'worker0', 'worker1'):
+    assert procs.procs[name].returncode == 0, procs.tails()
+  assert time.time() - start < 120
+  import socket  # pylint: disable=g-import-not-at-top
+  for port in ports:
+    with socket.socket() as s:
+      s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      s.bind(('', port))
+      s.listen()
+
+
+def write_other_model_checkpoint(train_dir):
+  with tf.Graph().as_default():
+    tf.compat.v1.train.get_or_create_global_step()
+    tf.compat.v1.get_variable('InceptionResnetV2/Logits/weights', [3, 3])
+    saver = tf.compat.v1.train.Saver()
+    with tf.compat.v1.Session() as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      saver.save(sess, os.path.join(train_dir, 'model.ckpt'), global_step=7)
+
+
+@pytest.mark.parametrize('case, message', [
+    ('port_taken', 'could not start the ps 0 server'),
+    ('train_dir_is_a_file', 'cannot create --train_dir='),
+    ('other_model', 'holds a checkpoint of a different model'),
+    ('truncated', 'not a positive multiple of the 3073-byte'),
+    ('too_many_gpus', '--num_gpus=1 but 0 GPU(s) are visible'),
+])
+def test_more_bad_input(procs, tiny_data, tmp_path, case, message):
+  import shutil  # pylint: disable=g-import-not-at-top
+  import socket  # pylint: disable=g-import-not-at-top
+  train_dir = tmp_path / 'train'
+  data_dir = tiny_data
+  args = ['--ps_hosts=', '--max_steps=5']
+  if case == 'port_taken':
+    sock = socket.socket()
+    sock.bind(('', 0))
+    sock.listen()
+    port, = free_ports(1)
+    args = ['--job_name=ps', '--task_index=0',
+            '--ps_hosts=localhost:%d' % sock.getsockname()[1],
+            '--worker_hosts=localhost:%d' % port]
+  elif case == 'train_dir_is_a_file':
+    train_dir.write_text('not a directory')
+  elif case == 'other_model':
+    train_dir.mkdir()
+    write_other_model_checkpoint(str(train_dir))
+  elif case == 'truncated':
+    data_dir = str(tmp_path / 'data')
+    shutil.copytree(tiny_data, data_dir)
+    with open(os.path.join(data_dir, 'data_batch_3.bin'), 'r+b') as f:
+      f.truncate(3073 * 2 + 100)
+  elif case == 'too_many_gpus':
+    args.append('--num_gpus=1')
+  before = sorted(os.listdir(train_dir)) if train_dir.is_dir() else None
+  procs.trainer('bad', '--data_dir=' + data_dir,
+                '--train_dir=' + str(train_dir), *args)
+  assert procs.wait_all(timeout=60) == {'bad': 2}, procs.tails()
+  log = procs.log('bad')
+  errors = [l for l in log.splitlines() if l.startswith('Error: ')]
+  assert len(errors) == 1 and message in errors[0], log
+  assert 'Traceback' not in log
+  if before is not None:  # Nothing deleted or overwritten.
+    assert sorted(os.listdir(train_dir)) == before
