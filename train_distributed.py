@@ -538,8 +538,10 @@ def learning_rate(global_step, num_train_records, examples_per_step):
 
 def main(_):
   tf1.disable_eager_execution()  # Queue runners need graph mode.
-  # The TF1 API we keep on purpose (queues, slim layers) is deprecated:
-  # one warning per call site, on every start, tells a user nothing.
+  # TensorFlow's Python log shows errors only: the TF1 API we keep on
+  # purpose (queues, slim layers) warns once per call site, on every start,
+  # which tells a user nothing. The exception is the INFO note that a task
+  # of the cluster was lost, which ReportLostTask turns into one line.
   tf.get_logger().setLevel('INFO')
   tf.get_logger().addFilter(ReportLostTask(FLAGS.task_index or 0))
   warnings.filterwarnings('ignore', message='`layer.apply` is deprecated')
