@@ -139,8 +139,9 @@ def run(train_dir, data_dir, batch_size, standardize, max_steps,
       try:
         result = evaluate_checkpoint(checkpoint, fetches, saver, local_init,
                                      config)
-      except tf.errors.NotFoundError:
-        # The chief keeps its 5 latest checkpoints; this one went meanwhile.
+      except (tf.errors.NotFoundError, ValueError):
+        # The chief keeps its 5 latest checkpoints; this one went meanwhile
+        # (restore raises ValueError when its files are already gone).
         continue
       report(result, eval_dir, writer)
       if run_once or result['step'] >= max_steps:

@@ -484,14 +484,17 @@ class StopOnSignal(tf1.train.SessionRunHook):
 
 def prepare_train_dir(train_dir, is_chief):
   """Makes train_dir; the chief empties it first with --fresh_start."""
-  if is_chief and FLAGS.fresh_start and os.path.exists(train_dir):
-    print('Worker 0: --fresh_start: deleting %s' % train_dir)
-    shutil.rmtree(train_dir)
+  action = 'create'
   try:
+    if is_chief and FLAGS.fresh_start and os.path.exists(train_dir):
+      action = 'delete'
+      print('Worker 0: --fresh_start: deleting %s' % train_dir)
+      shutil.rmtree(train_dir)
+      action = 'create'
     os.makedirs(train_dir, exist_ok=True)
   except OSError as e:
-    raise UsageError('cannot create --train_dir=%s: %s' % (train_dir,
-                                                          e.strerror))
+    raise UsageError('cannot %s --train_dir=%s: %s' % (action, train_dir,
+                                                      e.strerror))
   if is_chief and not os.access(train_dir, os.W_OK | os.X_OK):
     raise UsageError('--train_dir=%s is not writable: choose another '
                      'directory or fix its permissions' % train_dir)
@@ -576,7 +579,6 @@ def train():
   # Checkpoint shards are written by the ps processes: give them an
   # absolute path, not one relative to their working directory.
   train_dir = os.path.abspath(FLAGS.train_dir)
-  prepare_train_dir(train_dir, is_chief)
 
   # Placement: the input pipeline on this worker's CPU; the model on its
   # GPU or CPU; variables spread over the ps tasks.
@@ -638,8 +640,6 @@ def train():
     close_tokens = (opt.get_chief_queue_runner().queue.close(
         cancel_pending_enqueues=True) if sync and is_chief else tf.no_op())
 
-  if is_chief:
-    check_checkpoint_matches(train_dir)
   config = session_config('worker', task_index,
                           worker_hosts if cluster else None)
   if cluster is None:
@@ -649,6 +649,11 @@ def train():
     print('Using existing server at: %s' % master)
   else:
     master = start_server(cluster, 'worker', task_index, config).target
+  # Only now, with the data checked and the port ours, touch train_dir: a
+  # mistake on the command line must not cost a --fresh_start deletion.
+  prepare_train_dir(train_dir, is_chief)
+  if is_chief:
+    check_checkpoint_matches(train_dir)
 
   # The sync optimizer's own readiness check: all global variables exist.
   scaffold = tf1.train.Scaffold(

@@ -99,6 +99,19 @@ if ! compgen -G "$data_dir/data_batch_*.bin" > /dev/null ||
   fi
 fi
 
+# -- --fresh_start: start over here, before any task runs, rather than in the
+# chief, which would race the evaluator (it could evaluate the old run's
+# checkpoint, or write into the directory the chief is deleting).
+trainer_flags=()
+for flag in "${extra[@]}"; do
+  case $flag in
+    --fresh_start|--fresh_start=[Tt]rue|--fresh_start=1)
+      echo "--fresh_start: deleting $train_dir"
+      rm -rf "$train_dir" || die "cannot delete $train_dir" ;;
+    *) trainer_flags+=("$flag") ;;
+  esac
+done
+
 mkdir -p "$log_dir" || die "cannot create --log_dir=$log_dir"
 log_dir=$(cd "$log_dir" && pwd)
 
@@ -121,7 +134,7 @@ flags=(--ps_hosts="$ps_hosts" --worker_hosts="$worker_hosts"
 ((async)) && flags+=(--nosync_replicas)
 [ -n "$replicas_to_aggregate" ] && flags+=(--replicas_to_aggregate="$replicas_to_aggregate")
 ((num_gpus > 0)) && flags+=(--num_gpus=1)  # Each worker sees one GPU.
-flags+=("${extra[@]}")
+flags+=("${trainer_flags[@]}")
 
 names=()
 declare -A pid status

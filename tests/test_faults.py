@@ -200,6 +200,7 @@ def write_other_model_checkpoint(train_dir):
     ('other_model', 'holds a checkpoint of a different model'),
     ('truncated', 'not a positive multiple of the 3073-byte'),
     ('too_many_gpus', '--num_gpus=1 but 0 GPU(s) are visible'),
+    ('fresh_start_bad_data', 'data directory /nonexistent does not exist'),
 ])
 def test_more_bad_input(procs, tiny_data, tmp_path, case, message):
   import shutil  # pylint: disable=g-import-not-at-top
@@ -227,6 +228,11 @@ def test_more_bad_input(procs, tiny_data, tmp_path, case, message):
       f.truncate(3073 * 2 + 100)
   elif case == 'too_many_gpus':
     args.append('--num_gpus=1')
+  elif case == 'fresh_start_bad_data':  # The mistake must not cost the run.
+    train_dir.mkdir()
+    write_other_model_checkpoint(str(train_dir))
+    data_dir = '/nonexistent'
+    args.append('--fresh_start')
   before = sorted(os.listdir(train_dir)) if train_dir.is_dir() else None
   procs.trainer('bad', '--data_dir=' + data_dir,
                 '--train_dir=' + str(train_dir), *args)
