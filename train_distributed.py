@@ -18,11 +18,11 @@ trains in this process without a gRPC server.
 """
 
 from datetime import datetime
+import logging
 import os
 import shutil
 import signal
 import sys
-import logging
 import threading
 import time
 import warnings
