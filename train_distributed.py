@@ -18,6 +18,7 @@ trains in this process without a gRPC server.
 """
 
 from datetime import datetime
+import json
 import logging
 import os
 import shutil
@@ -133,6 +134,12 @@ class UsageError(Exception):
   """A command-line mistake, reported in one line."""
 
 
+def is_host_port(address):
+  """Whether address is 'host:port' with a port of 1-65535."""
+  host, _, port = address.rpartition(':')
+  return bool(host) and port.isdigit() and 0 < int(port) < 65536
+
+
 def parse_hosts(value, flag_name):
   """Returns the host:port list of a comma-separated flag value.
 
@@ -147,8 +154,7 @@ def parse_hosts(value, flag_name):
     return []
   hosts = [h.strip() for h in value.split(',')]
   for host in hosts:
-    name, _, port = host.rpartition(':')
-    if not name or not port.isdigit() or not 0 < int(port) < 65536:
+    if not is_host_port(host):
       raise UsageError('--%s=%s: %r is not hostname:port (port 1-65535); '
                        'write e.g. --%s=localhost:2222,localhost:2223' %
                        (flag_name, value, host, flag_name))
@@ -157,12 +163,120 @@ def parse_hosts(value, flag_name):
   return hosts
 
 
+# TF_CONFIG's jobs (as Kubeflow's TFJob writes them) and what each becomes
+# here: a chief (or its older name, master) is worker 0 and shifts the
+# worker indices by one; an evaluator needs no address.
+TF_CONFIG_JOBS = ('chief', 'master', 'worker', 'ps', 'evaluator')
+CLUSTER_FLAGS = ('ps_hosts', 'worker_hosts', 'job_name', 'task_index')
+
+
+def tf_config_flags(text):
+  """Returns the cluster flags a TF_CONFIG value describes.
+
+  Args:
+    text: The TF_CONFIG value: JSON with "cluster" ({job: [host:port]}) and
+      "task" ({"type": job, "index": i}).
+
+  Returns:
+    {'ps_hosts': str, 'worker_hosts': str, 'job_name': str,
+     'task_index': int}, as they would be given on the command line.
+
+  Raises:
+    UsageError: naming what in TF_CONFIG is wrong.
+  """
+  def bad(problem):
+    return UsageError('TF_CONFIG %s; expected e.g. {"cluster": {"ps": '
+                      '["host0:2222"], "worker": ["host1:2222"]}, "task": '
+                      '{"type": "worker", "index": 0}}' % problem)
+  try:
+    config = json.loads(text)
+  except ValueError as e:
+    raise bad('is not valid JSON (%s)' % e)
+  if not isinstance(config, dict):
+    raise bad('is not a JSON object')
+  cluster, task = config.get('cluster'), config.get('task')
+  if not isinstance(cluster, dict) or not isinstance(task, dict):
+    raise bad('needs a "cluster" object and a "task" object')
+  for job, hosts in cluster.items():
+    if job not in TF_CONFIG_JOBS:
+      raise bad('has a job %r in "cluster": jobs are %s' % (
+          job, ', '.join(TF_CONFIG_JOBS)))
+    if not isinstance(hosts, list) or not all(
+        isinstance(h, str) and is_host_port(h) for h in hosts):
+      raise bad('"cluster": {"%s": %s} is not a list of "host:port" (port '
+                '1-65535)' % (job, json.dumps(hosts)))
+  addresses = [h for hosts in cluster.values() for h in hosts]
+  if len(set(addresses)) != len(addresses):
+    raise bad('"cluster" lists a host:port twice')
+  task_type, index = task.get('type'), task.get('index', 0)
+  if task_type not in TF_CONFIG_JOBS:
+    raise bad('"task": "type" must be one of %s (got %s)' % (
+        ', '.join(TF_CONFIG_JOBS), json.dumps(task_type)))
+  if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+    raise bad('"task": "index" must be an integer, 0 or more (got %s)' %
+              json.dumps(index))
+  chief = cluster.get('chief', []) + cluster.get('master', [])
+  if len(chief) > 1:
+    raise bad('lists %d chief/master tasks: there is at most one' %
+              len(chief))
+  ps = cluster.get('ps', [])
+  if task_type != 'evaluator':
+    if not ps:
+      raise bad('has no "ps" job: this trainer needs parameter servers')
+    if not chief and not cluster.get('worker'):
+      raise bad('has no "chief" or "worker" job')
+    listed = len(chief if task_type in ('chief', 'master') else
+                 cluster.get(task_type, []))
+    if index >= listed:
+      raise bad('"task": %s %d is not in "cluster", which lists %d' % (
+          task_type, index, listed))
+  if task_type in ('chief', 'master'):
+    job_name = 'worker'
+  elif task_type == 'worker':
+    job_name, index = 'worker', index + len(chief)
+  else:
+    job_name = task_type
+  return {'ps_hosts': ','.join(ps),
+          'worker_hosts': ','.join(chief + cluster.get('worker', [])),
+          'job_name': job_name, 'task_index': index}
+
+
+def apply_tf_config():
+  """Sets the cluster flags not given on the command line from TF_CONFIG.
+
+  Flags given explicitly win, so a TF_CONFIG left in the environment cannot
+  silently redirect a hand-started task, and one value can be overridden.
+  With all four given, TF_CONFIG is not even read.
+
+  Raises:
+    UsageError: for a malformed TF_CONFIG that is used.
+  """
+  text = os.environ.get('TF_CONFIG', '').strip()
+  if not text:
+    return
+  if all(FLAGS[n].present for n in CLUSTER_FLAGS):
+    print('TF_CONFIG is set but not used: --%s are all given' %
+          ', --'.join(CLUSTER_FLAGS))
+    return
+  values = tf_config_flags(text)
+  taken = [n for n in CLUSTER_FLAGS if not FLAGS[n].present]
+  for name in taken:
+    FLAGS[name].value = values[name]
+  print('Cluster from TF_CONFIG: %s' % ' '.join(
+      '--%s=%s' % (n, values[n]) for n in taken))
+  kept = [n for n in CLUSTER_FLAGS if FLAGS[n].present]
+  if kept:
+    print('Given on the command line, over TF_CONFIG: %s' % ' '.join(
+        '--%s=%s' % (n, FLAGS[n].value) for n in kept))
+
+
 def check_flags():
   """Validates the flags; returns (job_name, task_index, ps, workers).
 
   Raises:
     UsageError: with what is wrong and how to fix it.
   """
+  apply_tf_config()
   ps_hosts = parse_hosts(FLAGS.ps_hosts, 'ps_hosts')
   worker_hosts = parse_hosts(FLAGS.worker_hosts, 'worker_hosts')
   job_name, task_index = FLAGS.job_name, FLAGS.task_index
@@ -373,10 +487,6 @@ class ReportLostTask(logging.Filter):
 
   PREFIX = 'An error was raised. This may be due to a preemption'
 
-  def __init__(self, task_index):
-    super().__init__()
-    self._task_index = task_index
-
   def filter(self, record):
     if record.levelno >= logging.ERROR:
       return True
@@ -384,7 +494,8 @@ class ReportLostTask(logging.Filter):
     if message.startswith(self.PREFIX):
       error = message.rsplit('Error: ', 1)[-1].strip().splitlines()[0]
       print('Worker %d: lost a task of the cluster (%s); waiting for it to '
-            'come back' % (self._task_index, error), file=sys.stderr,
+            # Read now: TF_CONFIG may have set it after this was made.
+            'come back' % (FLAGS.task_index or 0, error), file=sys.stderr,
             flush=True)
     return False
 
@@ -438,9 +549,23 @@ class StopOnSignal(tf1.train.SessionRunHook):
   training waits for its gradients), so a handler alone could wait forever.
   The C-level handler still writes the signal number to the wakeup fd, and a
   thread reading it saves and exits while the main thread stays blocked.
+
+  A single process first lets its step in flight end and starts no other
+  (this is the last hook, so the other hooks' saves are done too): its
+  checkpoint is exactly the model of the step it is named after. In a
+  cluster, the chief's sync thread and the other workers may apply a step
+  between the read of the global step that names the checkpoint and the
+  save, as with TensorFlow's own CheckpointSaverHook: the checkpoint is a
+  snapshot and may hold a later step than its name. A second signal exits
+  at once, without waiting for the save.
   """
 
-  def __init__(self, name, scaffold=None, train_dir=None, global_step=None):
+  # How long a single process waits for its step in flight before it saves
+  # anyway: a step that raised never reports its end.
+  STEP_WAIT_SECS = 30
+
+  def __init__(self, name, scaffold=None, train_dir=None, global_step=None,
+               wait_for_step=False):
     """Starts watching for the signals.
 
     Args:
@@ -449,10 +574,16 @@ class StopOnSignal(tf1.train.SessionRunHook):
         None on other workers, which only exit.
       train_dir: Where the checkpoint goes.
       global_step: The global step tensor, which names the checkpoint.
+      wait_for_step: Whether to let the step in flight finish first; only
+        where nothing else changes the variables (a single process).
     """
     self._name = name
     self._scaffold, self._train_dir = scaffold, train_dir
     self._global_step = global_step
+    self._wait_for_step = wait_for_step
+    # Guards the two below: whether a step is running, whether to stop.
+    self._step_state = threading.Condition()
+    self._in_step = self._stopping = False
     self._session = None
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
@@ -465,10 +596,28 @@ class StopOnSignal(tf1.train.SessionRunHook):
   def after_create_session(self, session, coord):
     self._session = session
 
+  def before_run(self, run_context):
+    with self._step_state:
+      # Once a signal came, the main thread waits here for the exit.
+      self._step_state.wait_for(lambda: not self._stopping)
+      self._in_step = True
+
+  def after_run(self, run_context, run_values):
+    with self._step_state:
+      self._in_step = False
+      self._step_state.notify_all()
+
   def _watch(self, read_fd):
     signum = os.read(read_fd, 1)[0]
+    threading.Thread(target=lambda: os._exit(128 + os.read(read_fd, 1)[0]),
+                     daemon=True, name='second_signal').start()
     message = '%s: %s' % (self._name, signal.Signals(signum).name)
     if self._scaffold is not None and self._session is not None:
+      if self._wait_for_step:
+        with self._step_state:
+          self._stopping = True
+          self._step_state.wait_for(lambda: not self._in_step,
+                                    timeout=self.STEP_WAIT_SECS)
       try:
         path = self._scaffold.saver.save(
             self._session, os.path.join(self._train_dir, 'model.ckpt'),
@@ -546,7 +695,7 @@ def main(_):
   # which tells a user nothing. The exception is the INFO note that a task
   # of the cluster was lost, which ReportLostTask turns into one line.
   tf.get_logger().setLevel('INFO')
-  tf.get_logger().addFilter(ReportLostTask(FLAGS.task_index or 0))
+  tf.get_logger().addFilter(ReportLostTask())
   warnings.filterwarnings('ignore', message='`layer.apply` is deprecated')
   try:
     return train()
@@ -659,10 +808,7 @@ def train():
   scaffold = tf1.train.Scaffold(
       ready_for_local_init_op=opt.ready_for_local_init_op if sync else None)
   hooks = [tf1.train.NanTensorHook(loss),  # First: nothing saves a NaN step.
-           tf1.train.StopAtStepHook(last_step=FLAGS.max_steps),
-           StopOnSignal('Worker %d' % task_index,
-                        *((scaffold, train_dir, global_step) if is_chief
-                          else ()))]
+           tf1.train.StopAtStepHook(last_step=FLAGS.max_steps)]
   if sync:
     hooks.append(SyncReplicasHook(opt, is_chief))
   if is_chief:
@@ -677,6 +823,11 @@ def train():
       print('Worker 0: resuming from %s' % latest)
   else:
     print('Worker %d: Waiting for session to be initialized...' % task_index)
+  # Last: its after_run comes after every other hook's checkpoint writes.
+  hooks.append(StopOnSignal('Worker %d' % task_index,
+                            *((scaffold, train_dir, global_step) if is_chief
+                              else ()),
+                            wait_for_step=cluster is None))
   sys.stdout.flush()
 
   creator = SessionCreator(scaffold, master, config, is_chief, train_dir)

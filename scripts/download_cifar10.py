@@ -4,9 +4,10 @@
 Fetches cifar-10-binary.tar.gz, checks its MD5, unpacks the
 cifar-10-batches-bin folder and checks every file with the trainer's own
 validation before moving it to --data_dir in one rename. Does nothing when
---data_dir already holds valid data. A failed or corrupt download is reported
-in one line and leaves no partial files behind. --url and --md5 point it at a
-mirror.
+--data_dir already holds valid data, or when another process running at
+the same time (another pod on a shared volume) put it there first. A failed
+or corrupt download is reported in one line and leaves no partial files
+behind. --url and --md5 point it at a mirror.
 
   python3 scripts/download_cifar10.py --data_dir=./cifar-10-batches-bin
 """
@@ -111,9 +112,19 @@ def download(data_dir, url=URL, md5=MD5, timeout=60):
     except cifar10_input.DataError as e:
       raise DownloadError('the archive from %s is not valid CIFAR-10: %s' %
                           (url, e))
-    if os.path.isdir(data_dir):
-      os.rmdir(data_dir)  # Empty, checked above.
-    os.rename(unpacked, data_dir)
+    try:
+      if os.path.isdir(data_dir) and not os.listdir(data_dir):
+        try:
+          os.rmdir(data_dir)
+        except FileNotFoundError:
+          pass  # Another process removed it first; the rename decides.
+      os.rename(unpacked, data_dir)
+    except OSError as e:
+      # Several processes may fetch into one shared volume at once (the
+      # pods of a TFJob): when another one got there first, all is well.
+      if is_valid(data_dir):
+        return False
+      raise DownloadError('cannot move the data to %s: %s' % (data_dir, e))
   finally:
     shutil.rmtree(work, ignore_errors=True)
   return True

@@ -48,19 +48,26 @@ class Processes:
     self.log_dir = log_dir
     self.procs = {}
 
-  def start(self, name, args, env=None):
-    """Starts `python args...` with output to LOG_DIR/name.log."""
+  def start(self, name, args, env=None, prefix=()):
+    """Starts `prefix... python args...` with output to LOG_DIR/name.log.
+
+    A prefix must exec Python in its own process (as `ip netns exec` does),
+    so that the PID is Python's.
+    """
     log = open(os.path.join(self.log_dir, name + '.log'), 'w')
-    full_env = dict(os.environ, PYTHONUNBUFFERED='1', **(env or {}))
-    proc = subprocess.Popen([sys.executable] + list(args), stdout=log,
+    full_env = dict(os.environ, PYTHONUNBUFFERED='1')
+    full_env.pop('TF_CONFIG', None)  # A cluster comes only from the test.
+    full_env.update(env or {})
+    proc = subprocess.Popen(list(prefix) + [sys.executable] + list(args),
+                            stdout=log,
                             stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
     log.close()
     self.procs[name] = proc
     return proc
 
-  def trainer(self, name, *flags, env=None):
+  def trainer(self, name, *flags, env=None, prefix=()):
     """Starts train_distributed.py with the given flags."""
-    return self.start(name, [TRAINER] + list(flags), env=env)
+    return self.start(name, [TRAINER] + list(flags), env=env, prefix=prefix)
 
   def log(self, name):
     with open(os.path.join(self.log_dir, name + '.log')) as f:

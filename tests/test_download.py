@@ -93,3 +93,24 @@ def test_refuses_to_overwrite_other_files(served, tmp_path, capsys):
   assert 'does not hold valid CIFAR-10' in capsys.readouterr().err
   assert os.listdir(data_dir) == ['notes.txt']
   shutil.rmtree(data_dir)
+
+
+def test_another_process_finishing_first_is_success(served, tmp_path,
+                                                    tiny_data, monkeypatch,
+                                                    capsys):
+  # The pods of a TFJob fetch into one shared volume at the same time: the
+  # loser of the final rename finds valid data there and is content.
+  url, md5 = served
+  data_dir = str(tmp_path / 'data' / 'cifar-10-batches-bin')
+  real_fetch = download_cifar10.fetch
+
+  def fetch_while_another_finishes(*args):
+    got = real_fetch(*args)
+    shutil.copytree(tiny_data, data_dir)
+    return got
+
+  monkeypatch.setattr(download_cifar10, 'fetch', fetch_while_another_finishes)
+  assert download_cifar10.main(['--data_dir', data_dir, '--url', url,
+                                '--md5', md5]) == 0
+  assert 'already holds CIFAR-10' in capsys.readouterr().out
+  assert os.listdir(tmp_path / 'data') == ['cifar-10-batches-bin']

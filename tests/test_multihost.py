@@ -1,0 +1,174 @@
+"""Several hosts: each task in its own network namespace, joined over veth.
+
+Every host gets its own address on a bridge, as machines on one switch do,
+and is started the way Kubernetes starts it: TF_CONFIG only, every task on
+port 2222. Needs root and iproute2 (as CI has); skipped otherwise.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from test_cluster import FAST, checkpoint_step
+from test_faults import last_step, steps, wait_until
+
+SUBNET = '10.77.0.'  # Exists only inside the test's own namespaces.
+PORT = 2222
+# 4 bytes per trainable parameter: a worker's read of the model, per step.
+MODEL_BYTES = 179962 * 4
+
+
+def ip(*args):
+  """Runs `ip args...`; returns its stdout, raising with its stderr."""
+  result = subprocess.run(['ip'] + list(args), capture_output=True, text=True)
+  if result.returncode:
+    raise RuntimeError('ip %s: %s' % (' '.join(args), result.stderr.strip()))
+  return result.stdout
+
+
+class Network:
+  """Hosts in namespaces, each linked to a bridge in a hub namespace."""
+
+  def __init__(self):
+    self.prefix = 'c10t%d-' % os.getpid()
+    self.hub = self.prefix + 'hub'
+    self.namespaces = []
+
+  def make_hub(self):
+    """Makes the hub namespace and its bridge; tries what the hosts need."""
+    self._add_namespace(self.hub)
+    ip('-n', self.hub, 'link', 'add', 'br0', 'type', 'bridge')
+    ip('-n', self.hub, 'link', 'set', 'br0', 'up')
+    ip('-n', self.hub, 'link', 'add', 'try0', 'type', 'veth', 'peer', 'name',
+       'try1')
+    ip('-n', self.hub, 'link', 'del', 'try0')
+    ip('netns', 'exec', self.hub, 'true')
+
+  def _add_namespace(self, name):
+    ip('netns', 'add', name)
+    self.namespaces.append(name)
+    ip('-n', name, 'link', 'set', 'lo', 'up')
+
+  def add_host(self, host, number):
+    """Makes namespace <prefix><host> with address SUBNET<number> on eth0."""
+    name = self.prefix + host
+    self._add_namespace(name)
+    ip('-n', self.hub, 'link', 'add', 'v' + host, 'type', 'veth', 'peer',
+       'name', 'eth0', 'netns', name)
+    ip('-n', self.hub, 'link', 'set', 'v' + host, 'master', 'br0', 'up')
+    ip('-n', name, 'addr', 'add', '%s%d/24' % (SUBNET, number), 'dev', 'eth0')
+    ip('-n', name, 'link', 'set', 'eth0', 'up')
+    return '%s%d:%d' % (SUBNET, number, PORT)
+
+  def exec_prefix(self, host):
+    return ['ip', 'netns', 'exec', self.prefix + host]
+
+  def set_link(self, host, state):
+    """Cuts ('down') or restores ('up') the host's cable at the bridge."""
+    ip('-n', self.hub, 'link', 'set', 'v' + host, state)
+
+  def eth0_bytes(self, host):
+    """(received, sent) bytes on the host's eth0."""
+    stats = json.loads(ip('-s', '-j', '-n', self.prefix + host, 'link',
+                          'show', 'eth0'))[0]['stats64']
+    return stats['rx']['bytes'], stats['tx']['bytes']
+
+  def close(self):
+    for name in reversed(self.namespaces):
+      subprocess.run(['ip', 'netns', 'del', name], capture_output=True)
+
+
+@pytest.fixture
+def network():
+  """A Network; skips the test, saying why, where namespaces can't be made."""
+  if shutil.which('ip') is None:
+    pytest.skip('needs the ip command (iproute2) to make network namespaces')
+  if os.geteuid() != 0:
+    pytest.skip('needs root to make network namespaces and veth pairs')
+  net = Network()
+  try:
+    try:
+      net.make_hub()
+    except RuntimeError as e:
+      pytest.skip('cannot make network namespaces here: %s' % e)
+    yield net
+  finally:
+    net.close()
+
+
+@pytest.mark.parametrize('replicas_to_aggregate', [2, 1])
+def test_cluster_over_veth_survives_a_cut_link(network, procs, tiny_data,
+                                               tmp_path,
+                                               replicas_to_aggregate):
+  # `network` comes first, so `procs` kills the tasks before the namespaces
+  # go away.
+  hosts = {'ps': network.add_host('ps', 10),
+           'chief': network.add_host('chief', 11),
+           'worker': network.add_host('worker', 12),
+           'eval': network.add_host('eval', 13)}
+  cluster = {'ps': [hosts['ps']], 'chief': [hosts['chief']],
+             'worker': [hosts['worker']]}
+  train_dir = str(tmp_path / 'train')
+  # With a backup, the chief runs on alone while the link is down: leave
+  # steps for the cut-off worker to take once it is back.
+  max_steps = 60 if replicas_to_aggregate == 2 else 300
+  flags = ['--data_dir=' + tiny_data, '--train_dir=' + train_dir,
+           '--max_steps=%d' % max_steps, '--save_checkpoint_steps=1000',
+           '--eval_interval_secs=1',
+           '--replicas_to_aggregate=%d' % replicas_to_aggregate] + FAST
+
+  def start(host, task_type, job=cluster):
+    procs.trainer(host, *flags, prefix=network.exec_prefix(host), env={
+        'TF_CONFIG': json.dumps({'cluster': job, 'task': {
+            'type': task_type, 'index': 0}})})
+
+  start('ps', 'ps')
+  start('worker', 'worker')
+  start('chief', 'chief')
+  start('eval', 'evaluator', job={'evaluator': [hosts['eval']]})
+
+  wait_until(lambda: last_step(procs, 'chief') >= 15, 120, 'step 15', procs)
+  network.set_link('worker', 'down')
+  time.sleep(3)  # Steps already in flight may still finish.
+  cut_at, chief_at = last_step(procs, 'worker'), last_step(procs, 'chief')
+  if replicas_to_aggregate == 2:
+    # Full sync: each step needs the cut-off worker's gradients, so the
+    # chief waits.
+    time.sleep(8)
+    assert last_step(procs, 'chief') == chief_at, procs.tails()
+    assert chief_at < max_steps
+  else:
+    # The cut-off worker is a backup: the chief goes on alone.
+    wait_until(lambda: last_step(procs, 'chief') >= chief_at + 20, 60,
+               'the chief advancing without worker 1', procs)
+  assert last_step(procs, 'worker') == cut_at
+  network.set_link('worker', 'up')
+  # Back on the network, the worker trains again.
+  wait_until(lambda: last_step(procs, 'worker') > cut_at, 60,
+             'worker 1 training after the link is back', procs)
+
+  codes = procs.wait_all(timeout=180)
+  assert codes == {'ps': 0, 'worker': 0, 'chief': 0, 'eval': 0}, procs.tails()
+  assert 'Cluster from TF_CONFIG: --ps_hosts=%s --worker_hosts=%s,%s ' \
+         '--job_name=worker --task_index=1' % (
+             hosts['ps'], hosts['chief'], hosts['worker']) in procs.log(
+                 'worker')
+  assert 'Worker 1: training finished at global step %d' % max_steps in (
+      procs.log('worker'))
+  assert checkpoint_step(train_dir) == max_steps
+  assert 'ps 0: all 2 worker(s) finished; exiting' in procs.log('ps')
+  # The evaluator, from its own host, read the chief's final checkpoint.
+  with open(os.path.join(train_dir, 'eval', 'results.jsonl')) as f:
+    assert json.loads(f.read().splitlines()[-1])['step'] == max_steps
+  # The model crossed the links: in each local step a worker read it from
+  # the ps and sent back a gradient of the same size. A progress line comes
+  # every 5 local steps.
+  for host in ('chief', 'worker'):
+    local_steps = 5 * len(steps(procs, host))
+    received, sent = network.eth0_bytes(host)
+    assert min(received, sent) > local_steps * MODEL_BYTES, (
+        host, local_steps, received, sent)
