@@ -264,7 +264,7 @@ def apply_tf_config():
     FLAGS[name].value = values[name]
   print('Cluster from TF_CONFIG: %s' % ' '.join(
       '--%s=%s' % (n, values[n]) for n in taken))
-  kept = [n for n in CLUSTER_FLAGS if FLAGS[n].present]
+  kept = [n for n in CLUSTER_FLAGS if n not in taken]
   if kept:
     print('Given on the command line, over TF_CONFIG: %s' % ' '.join(
         '--%s=%s' % (n, FLAGS[n].value) for n in kept))
@@ -597,12 +597,16 @@ class StopOnSignal(tf1.train.SessionRunHook):
     self._session = session
 
   def before_run(self, run_context):
+    if not self._wait_for_step:
+      return  # In a cluster the steps are not held up: no lock per step.
     with self._step_state:
       # Once a signal came, the main thread waits here for the exit.
       self._step_state.wait_for(lambda: not self._stopping)
       self._in_step = True
 
   def after_run(self, run_context, run_values):
+    if not self._wait_for_step:
+      return
     with self._step_state:
       self._in_step = False
       self._step_state.notify_all()
