@@ -533,12 +533,16 @@ class SessionCreator(tf1.train.SessionCreator):
         ready_for_local_init_op=self._scaffold.ready_for_local_init_op,
         graph=tf1.get_default_graph(),
         recovery_wait_secs=RECOVERY_WAIT_SECS)
-    if self._is_chief:
-      return manager.prepare_session(
-          self._master, saver=self._scaffold.saver,
-          checkpoint_dir=self._checkpoint_dir, config=self._config,
-          init_op=self._scaffold.init_op)
-    return manager.wait_for_session(self._master, config=self._config)
+    if not self._is_chief:
+      return manager.wait_for_session(self._master, config=self._config)
+    session = manager.prepare_session(
+        self._master, saver=self._scaffold.saver,
+        checkpoint_dir=self._checkpoint_dir, config=self._config,
+        init_op=self._scaffold.init_op)
+    if self._sessions > 1:  # Where the cluster starts again from.
+      print('Worker 0: restored the model at global step %d' % session.run(
+          tf1.train.get_global_step()), file=sys.stderr, flush=True)
+    return session
 
 
 class StopOnSignal(tf1.train.SessionRunHook):
