@@ -39,6 +39,7 @@ import tensorflow as tf
 import cifar10_eval
 import cifar10_input
 import cifar10_model
+import ps_placement
 
 tf1 = tf.compat.v1
 
@@ -382,19 +383,16 @@ def session_config(job_name, task_index, worker_hosts=None):
   return config
 
 
-def done_queues(num_ps, num_workers):
-  """One queue per ps task, where each worker posts its index when done.
+def done_queue(ps_index):
+  """The queue on a ps task where each worker posts its index when done.
 
   The reference's ps blocked in server.join() forever; ours exits once every
   worker has posted to its queue.
   """
-  queues = []
-  for i in range(num_ps):
-    with tf.device('/job:ps/task:%d/cpu:0' % i):
-      queues.append(tf1.FIFOQueue(-1, tf.int32, shapes=[],
-                                  shared_name='done_queue_%d' % i,
-                                  name='done_queue_%d' % i))
-  return queues
+  with tf.device('/job:ps/task:%d/cpu:0' % ps_index):
+    return tf1.FIFOQueue(-1, tf.int32, shapes=[],
+                         shared_name='done_queue_%d' % ps_index,
+                         name='done_queue_%d' % ps_index)
 
 
 def run_ps(cluster, task_index, num_workers):
@@ -405,8 +403,8 @@ def run_ps(cluster, task_index, num_workers):
         (task_index, cluster.task_address('ps', task_index), num_workers),
         flush=True)
   with tf.Graph().as_default():
-    dequeue = done_queues(cluster.num_tasks('ps'), num_workers)[
-        task_index].dequeue()
+    # This ps's queue alone: its device filter hides the other ps tasks.
+    dequeue = done_queue(task_index).dequeue()
     with tf1.Session(server.target, config=config) as sess:
       done = set()
       while len(done) < num_workers:
@@ -673,7 +671,7 @@ def check_checkpoint_matches(train_dir):
                      '--train_dir or --fresh_start' % (
                          latest, str(e).splitlines()[0]))
   for var in tf1.global_variables():
-    name, shape = var.op.name, var.shape.as_list()
+    name, shape = ps_placement.saved_name_and_shape(var)
     if saved.get(name) != shape:
       raise UsageError(
           '--train_dir=%s holds a checkpoint of a different model (%s: %s '
@@ -747,9 +745,8 @@ def train():
     input_device = '/job:worker/task:%d/cpu:0' % task_index
     worker_device = '/job:worker/task:%d%s' % (
         task_index, '/device:GPU:0' if FLAGS.num_gpus else '/cpu:0')
-    variable_device = tf1.device(tf1.train.replica_device_setter(
-        worker_device=worker_device, ps_device='/job:ps/cpu:0',
-        cluster=cluster))
+    variable_device = tf1.device(ps_placement.device_setter(cluster,
+                                                           worker_device))
 
   tf1.set_random_seed(FLAGS.seed + task_index)
   with tf.device(input_device):
@@ -763,8 +760,10 @@ def train():
 
   with variable_device:
     global_step = tf1.train.get_or_create_global_step()
-    logits = cifar10_model.inference(images, is_training=True,
-                                     dropout_keep_prob=DROPOUT_KEEP_PROB)
+    with tf1.variable_scope('', partitioner=ps_placement.partitioner(
+        len(ps_hosts))):
+      logits = cifar10_model.inference(images, is_training=True,
+                                       dropout_keep_prob=DROPOUT_KEEP_PROB)
     loss = cifar10_model.loss(logits, labels)
     accuracy = tf.reduce_mean(tf.cast(
         tf1.nn.in_top_k(logits, labels, 1), tf.float32), name='accuracy')
@@ -792,8 +791,8 @@ def train():
     tf1.summary.scalar('learning_rate', lr)
 
   if cluster is not None:
-    queues = done_queues(cluster.num_tasks('ps'), num_workers)
-    post_done = tf.group(*[q.enqueue(task_index) for q in queues])
+    post_done = tf.group(*[done_queue(i).enqueue(task_index)
+                           for i in range(len(ps_hosts))])
     close_tokens = (opt.get_chief_queue_runner().queue.close(
         cancel_pending_enqueues=True) if sync and is_chief else tf.no_op())
 
@@ -811,6 +810,10 @@ def train():
   prepare_train_dir(train_dir, is_chief)
   if is_chief:
     check_checkpoint_matches(train_dir)
+    if cluster is not None:
+      for line in ps_placement.describe_loads(tf1.global_variables(),
+                                              len(ps_hosts)):
+        print('Worker 0: %s' % line)
 
   # The sync optimizer's own readiness check: all global variables exist.
   scaffold = tf1.train.Scaffold(

@@ -18,7 +18,8 @@ def test_benchmark_quick_run(tmp_path):
   results = json.loads(out.read_text())
   assert set(results['training']) == {
       'single process', '1 ps + 1 worker', '1 ps + 2 workers, sync',
-      '1 ps + 2 workers, async'}
+      '1 ps + 2 workers, async', '2 ps + 2 workers, sync',
+      '2 ps + 2 workers, async'}
   assert results['training']['single process']['ratio'] == 1.0
   for run in results['training'].values():
     assert run['images_per_sec'] > 0 and run['ratio'] > 0
@@ -29,3 +30,4 @@ def test_benchmark_quick_run(tmp_path):
   assert 0 < startup['import_secs'] < startup['first_step_secs']
   assert startup['shutdown_secs'] >= 0
   assert '| 1 ps + 2 workers, sync |' in proc.stdout
+  assert '| 2 ps + 2 workers, sync |' in proc.stdout

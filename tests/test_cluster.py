@@ -1,5 +1,6 @@
 """Real clusters: ps and worker processes on free ports, as users start them."""
 
+import json
 import os
 import re
 
@@ -18,19 +19,39 @@ PROGRESS = re.compile(
 FAST = ['--batch_size=16', '--num_preprocess_threads=2', '--log_frequency=5']
 
 
-def cluster_flags(data_dir, train_dir, num_workers=2):
-  ports = free_ports(1 + num_workers)
-  return ['--ps_hosts=localhost:%d' % ports[0],
-          '--worker_hosts=' + ','.join('localhost:%d' % p for p in ports[1:]),
+def cluster_flags(data_dir, train_dir, num_workers=2, num_ps=1):
+  """The flags of a cluster on free localhost ports, with FAST settings."""
+  ports = free_ports(num_ps + num_workers)
+  hosts = ['localhost:%d' % p for p in ports]
+  return ['--ps_hosts=' + ','.join(hosts[:num_ps]),
+          '--worker_hosts=' + ','.join(hosts[num_ps:]),
           '--data_dir=' + data_dir, '--train_dir=' + train_dir] + FAST
 
 
-def start_cluster(procs, flags, num_workers=2):
-  """Starts ps 0 and the workers in the reference's order: ps, 1, 0."""
-  procs.trainer('ps0', '--job_name=ps', '--task_index=0', *flags)
-  for i in reversed(range(num_workers)):
-    procs.trainer('worker%d' % i, '--job_name=worker', '--task_index=%d' % i,
-                  *flags)
+def start_cluster(procs, flags, num_workers=2, num_ps=1, suffix='',
+                  tf_config=False):
+  """Starts the ps tasks, then the workers from the last to the chief.
+
+  The reference's order (ps, worker 1, worker 0). Process names are ps0..,
+  worker0.., each with `suffix` appended. With tf_config, each task gets its
+  cluster and role from TF_CONFIG as Kubeflow writes it (a "chief" job, the
+  other workers indexed from 0) instead of the four cluster flags.
+  """
+  tasks = [('ps', i) for i in range(num_ps)] + [
+      ('worker', i) for i in reversed(range(num_workers))]
+  for job, i in tasks:
+    name = '%s%d%s' % (job, i, suffix)
+    if not tf_config:
+      procs.trainer(name, '--job_name=' + job, '--task_index=%d' % i, *flags)
+      continue
+    hosts = {f.split('=')[0]: f.split('=')[1].split(',') for f in flags[:2]}
+    workers = hosts['--worker_hosts']
+    cluster = {'ps': hosts['--ps_hosts'], 'chief': workers[:1],
+               'worker': workers[1:]}
+    task = ({'type': 'chief', 'index': 0} if job == 'worker' and i == 0 else
+            {'type': job, 'index': i - (job == 'worker')})
+    procs.trainer(name, *flags[2:], env={'TF_CONFIG': json.dumps(
+        {'cluster': cluster, 'task': task})})
 
 
 def checkpoint_steps(train_dir):
@@ -48,73 +69,18 @@ def checkpoint_step(train_dir):
   return step
 
 
+def shard_counts(train_dir, step):
+  """Returns the set of N in the step's model.ckpt-STEP.data-*-of-N files."""
+  pattern = re.compile(r'^model\.ckpt-%d\.data-\d{5}-of-(\d{5})$' % step)
+  return {int(m.group(1)) for m in map(pattern.match, os.listdir(train_dir))
+          if m}
+
+
 def assert_clean_logs(procs):
   for name in procs.procs:
     log = procs.log(name)
     assert 'Traceback' not in log, log
     assert 'Exception' not in log, log
-
-
-def test_sync_cluster_trains_to_max_steps_and_every_task_exits(procs,
-                                                               tiny_data,
-                                                               tmp_path):
-  train_dir = str(tmp_path / 'train')
-  flags = cluster_flags(tiny_data, train_dir) + [
-      '--max_steps=30', '--save_checkpoint_steps=10']
-  start_cluster(procs, flags)
-  codes = procs.wait_all(timeout=150)
-  assert codes == {'ps0': 0, 'worker0': 0, 'worker1': 0}, procs.tails()
-  assert checkpoint_step(train_dir) == 30
-  # Periodic checkpoints too, and summaries for TensorBoard.
-  steps = {int(f.split('-')[1].split('.')[0]) for f in os.listdir(train_dir)
-           if f.startswith('model.ckpt-') and f.endswith('.index')}
-  assert {10, 20, 30} <= steps
-  assert any(f.startswith('events.out.tfevents') for f in os.listdir(train_dir))
-  chief = procs.log('worker0')
-  progress = [int(s) for s in PROGRESS.findall(chief)]
-  assert progress and progress == sorted(progress) and progress[-1] <= 30
-  assert 'Worker 0: Session initialization complete.' in chief
-  assert 'Worker 0: training finished at global step 30' in chief
-  assert 'Worker 1: training finished at global step 30' in procs.log(
-      'worker1')
-  assert 'ps 0: all 2 worker(s) finished; exiting' in procs.log('ps0')
-  # Only the chief writes to train_dir.
-  assert 'Waiting for session to be initialized' in procs.log('worker1')
-  assert_clean_logs(procs)
-
-
-def test_async_cluster(procs, tiny_data, tmp_path):
-  train_dir = str(tmp_path / 'train')
-  flags = cluster_flags(tiny_data, train_dir) + ['--max_steps=30',
-                                                 '--nosync_replicas']
-  start_cluster(procs, flags)
-  codes = procs.wait_all(timeout=150)
-  assert codes == {'ps0': 0, 'worker0': 0, 'worker1': 0}, procs.tails()
-  # Asynchronous updates do not wait for a save: the other worker may apply
-  # one more update while the chief names or writes its last checkpoint.
-  name_step, step = checkpoint_steps(train_dir)
-  assert 30 <= name_step <= step <= 31
-  assert_clean_logs(procs)
-
-
-def test_restart_resumes_from_the_checkpoint(procs, tiny_data, tmp_path):
-  train_dir = str(tmp_path / 'train')
-  flags = cluster_flags(tiny_data, train_dir)
-  start_cluster(procs, flags + ['--max_steps=10'])
-  assert set(procs.wait_all(timeout=150).values()) == {0}, procs.tails()
-  assert checkpoint_step(train_dir) == 10
-  before = tf.train.load_variable(train_dir,
-                                  'InceptionResnetV2/Logits/weights')
-
-  procs.procs.clear()
-  start_cluster(procs, flags + ['--max_steps=20'])
-  assert set(procs.wait_all(timeout=150).values()) == {0}, procs.tails()
-  chief = procs.log('worker0')
-  assert 'resuming from %s/model.ckpt-10' % train_dir in chief
-  assert min(int(s) for s in PROGRESS.findall(chief)) > 10
-  assert checkpoint_step(train_dir) == 20
-  after = tf.train.load_variable(train_dir, 'InceptionResnetV2/Logits/weights')
-  assert not np.array_equal(before, after)
 
 
 def test_single_process_mode(procs, tiny_data, tmp_path):

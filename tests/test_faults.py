@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from conftest import free_ports
 from test_cluster import FAST, PROGRESS, checkpoint_step, checkpoint_steps
-from test_cluster import cluster_flags
+from test_cluster import cluster_flags, shard_counts, start_cluster
 
 
 def steps(procs, name):
@@ -128,16 +128,16 @@ def test_full_sync_waits_for_a_lost_worker_and_resumes(procs, tiny_data,
   assert blocked_at <= name_step <= step
 
 
-def kill_at_step_25(procs, tiny_data, tmp_path, victim):
+def kill_at_step_25(procs, tiny_data, tmp_path, victim, num_ps=1):
   """A sync cluster to 60 steps, checkpointing every 10; kills `victim`.
 
   Returns:
     (train_dir, flags, the latest checkpoint's step after the kill).
   """
   train_dir = str(tmp_path / 'train')
-  flags = cluster_flags(tiny_data, train_dir) + ['--max_steps=60',
-                                                 '--save_checkpoint_steps=10']
-  start_sync_cluster(procs, flags)
+  flags = cluster_flags(tiny_data, train_dir, num_ps=num_ps) + [
+      '--max_steps=60', '--save_checkpoint_steps=10']
+  start_cluster(procs, flags, num_ps=num_ps)
   wait_until(lambda: last_step(procs, 'worker0') >= 25, 90, 'step 25', procs)
   kill9(procs, victim)
   return train_dir, flags, checkpoint_step(train_dir)
@@ -159,17 +159,27 @@ def test_killed_chief_resumes_from_its_checkpoint(procs, tiny_data,
   assert checkpoint_step(train_dir) == 60
 
 
+@pytest.mark.parametrize('num_ps, victim', [(1, 0), (2, 1)],
+                         ids=['1ps_kill_ps0', '2ps_kill_ps1'])
 def test_killed_ps_is_survived_from_the_latest_checkpoint(procs, tiny_data,
-                                                          tmp_path):
-  train_dir, flags, saved = kill_at_step_25(procs, tiny_data, tmp_path, 'ps0')
+                                                          tmp_path, num_ps,
+                                                          victim):
+  train_dir, flags, saved = kill_at_step_25(procs, tiny_data, tmp_path,
+                                            'ps%d' % victim, num_ps)
   lost_at = last_step(procs, 'worker0')
-  for name in ('worker0', 'worker1'):
-    wait_until(lambda n=name: 'lost a task of the cluster' in procs.log(n),
-               60, '%s noticing' % name, procs)
-  procs.trainer('ps0_again', '--job_name=ps', '--task_index=0', *flags)
+  wait_until(lambda: 'lost a task of the cluster' in procs.log('worker0'),
+             60, 'the chief noticing', procs)
+  procs.trainer('ps_again', '--job_name=ps', '--task_index=%d' % victim,
+                *flags)
   codes = procs.wait_all(timeout=150)
-  assert codes == {'ps0': -9, 'worker1': 0, 'worker0': 0, 'ps0_again': 0}, (
-      procs.tails())
+  expected = {'ps%d' % i: 0 for i in range(num_ps)}
+  expected.update({'ps%d' % victim: -9, 'worker1': 0, 'worker0': 0,
+                   'ps_again': 0})
+  assert codes == expected, procs.tails()
+  # The ps that was not killed kept serving, and its shard is written again.
+  for i in range(num_ps):
+    assert 'ps %d: all 2 worker(s) finished' % i in procs.log(
+        'ps_again' if i == victim else 'ps%d' % i)
   log = procs.log('worker0')
   assert 'Worker 0: the cluster is back; restoring the latest checkpoint' in log
   assert lost_at - saved <= 10
@@ -178,6 +188,7 @@ def test_killed_ps_is_survived_from_the_latest_checkpoint(procs, tiny_data,
   after = [int(s) for s in PROGRESS.findall(log.split('restored the model')[1])]
   assert after and after[0] > saved
   assert checkpoint_step(train_dir) == 60
+  assert shard_counts(train_dir, 60) == {num_ps}
 
 
 def test_completion_leaves_nothing_listening(procs, tiny_data, tmp_path):

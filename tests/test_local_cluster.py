@@ -67,7 +67,8 @@ def wait_for(path, text, proc, timeout):
 
 def test_script_runs_a_cluster_with_an_evaluator(tmp_path, tiny_data,
                                                  script_procs):
-  proc = run_script(tmp_path, tiny_data, '--max_steps=20', *FAST)
+  proc = run_script(tmp_path, tiny_data, '--num_ps=2', '--num_workers=3',
+                    '--max_steps=20', *FAST)
   script_procs.append(proc)
   assert proc.wait(timeout=240) == 0, (tmp_path / 'script.out').read_text()
   out = (tmp_path / 'script.out').read_text()
@@ -82,7 +83,12 @@ def test_script_runs_a_cluster_with_an_evaluator(tmp_path, tiny_data,
   assert results[-1]['accuracy'] == float(final.group(1))
   assert results[-1]['checkpoint'].endswith('model.ckpt-20')
   assert sorted(os.listdir(tmp_path / 'logs')) == [
-      'evaluator.log', 'ps0.log', 'worker0.log', 'worker1.log']
+      'evaluator.log', 'ps0.log', 'ps1.log', 'worker0.log', 'worker1.log',
+      'worker2.log']
+  assert {f for f in os.listdir(tmp_path / 'train')
+          if f.startswith('model.ckpt-20.data-')} == {
+              'model.ckpt-20.data-00000-of-00002',
+              'model.ckpt-20.data-00001-of-00002'}
   assert not processes_mentioning(str(tmp_path))
 
 

@@ -254,12 +254,15 @@ def test_manifest_lets_only_the_jobs_own_pods_reach_its_ports():
 
 def test_dockerfile_copies_what_the_manifest_runs():
   with open(os.path.join(ROOT, 'deploy', 'Dockerfile')) as f:
-    copies = [line.split()[1:-1] for line in f if line.startswith('COPY ')]
+    # COPY lines, continued over backslashes: COPY SOURCES... DEST.
+    text = f.read().replace('\\\n', ' ')
+  copies = [line.split()[1:-1] for line in text.splitlines()
+            if line.startswith('COPY ')]
   sources = [s.rstrip('/') for srcs in copies for s in srcs]
   for source in sources:
     assert os.path.exists(os.path.join(ROOT, source)), source
-  # The trainer and what it imports from this repository, the downloader.
-  for needed in ('train_distributed.py', 'cifar10_input.py',
-                 'cifar10_model.py', 'cifar10_eval.py', 'requirements.txt',
-                 'scripts'):
+  # Every module of the repository's top level (the trainer imports them),
+  # requirements.txt and the scripts (the downloader).
+  modules = [f for f in os.listdir(ROOT) if f.endswith('.py')]
+  for needed in modules + ['requirements.txt', 'scripts']:
     assert needed in sources, needed

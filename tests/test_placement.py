@@ -1,0 +1,70 @@
+"""Variables over the ps tasks: by bytes, the big kernels partitioned."""
+
+import pytest
+import tensorflow as tf
+
+import cifar10_model
+import ps_placement
+
+tf1 = tf.compat.v1
+
+TOTAL_BYTES = 723056  # 179,962 trainable + 800 BatchNorm statistics, float32;
+# the int64 global step.
+
+
+def build(num_ps):
+  """The trainer's model graph placed over num_ps ps tasks; returns it."""
+  graph = tf.Graph()
+  cluster = tf.train.ClusterSpec({
+      'ps': ['ps%d:1' % i for i in range(num_ps)], 'worker': ['w:1']})
+  with graph.as_default(), tf1.device(ps_placement.device_setter(
+      cluster, '/job:worker/task:0/cpu:0')):
+    tf1.train.get_or_create_global_step()
+    with tf1.variable_scope('', partitioner=ps_placement.partitioner(num_ps)):
+      cifar10_model.inference(tf1.placeholder(tf.float32, [1, 32, 32, 3]))
+  return graph
+
+
+@pytest.mark.parametrize('num_ps', [1, 2, 3, 4])
+def test_bytes_are_spread_evenly(num_ps):
+  with build(num_ps).as_default():
+    loads = ps_placement.ps_loads(tf1.global_variables(), num_ps)
+    step = tf1.train.get_global_step()
+  sizes = [size for _, size in loads]
+  assert sum(sizes) == TOTAL_BYTES
+  # Round-robin by creation order would put 77% on one ps. By bytes, with
+  # the large kernels split, no ps holds more than its share plus 10%.
+  assert max(sizes) <= TOTAL_BYTES * (1.0 / num_ps + 0.1), sizes
+  assert all(count > 0 for count, _ in loads)
+  # The global step, and so SyncReplicasOptimizer's queues, on ps 0.
+  assert step.device == '/job:ps/task:0/device:CPU:0'
+
+
+def test_only_the_big_variables_are_split_and_saved_whole():
+  with build(2).as_default():
+    parts = {}
+    for var in tf1.global_variables():
+      name, shape = ps_placement.saved_name_and_shape(var)
+      parts.setdefault(name, []).append(var.shape.as_list())
+      if name.endswith('Conv2d_4a_3x3/weights'):
+        assert shape == [3, 3, 80, 192]
+  # Split along the output channels, one slice per ps.
+  assert parts['InceptionResnetV2/Conv2d_4a_3x3/weights'] == [[3, 3, 80, 96]] * 2
+  assert parts['InceptionResnetV2/Conv2d_2b_3x3/weights'] == [[3, 3, 32, 32]] * 2
+  assert parts['InceptionResnetV2/Logits/weights'] == [[768, 10]]
+  assert parts['global_step'] == [[]]
+  assert len(parts) == 25 - 2  # Two variables in two slices each.
+
+
+def test_one_ps_keeps_the_reference_variables():
+  with build(1).as_default():
+    names = [v.op.name for v in tf1.global_variables()]
+  assert 'InceptionResnetV2/Conv2d_4a_3x3/weights' in names
+  assert not [n for n in names if '/part_' in n]
+
+
+def test_describe_loads_names_every_ps():
+  with build(2).as_default():
+    lines = ps_placement.describe_loads(tf1.global_variables(), 2)
+  assert lines == ['ps 0 holds 8 variables, 350640 bytes (48.5%)',
+                   'ps 1 holds 17 variables, 372416 bytes (51.5%)']

@@ -1,0 +1,122 @@
+"""Cluster shapes users try: several ps, 1-4 workers, sync, backup, async.
+
+Each case trains a real cluster to --max_steps, then launches again, in the
+same or another shape, and resumes from the first run's checkpoint. The
+assertions are on exit codes, global steps and checkpoint files, never on
+which worker did how many steps.
+"""
+
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from test_cluster import PROGRESS, assert_clean_logs, checkpoint_steps
+from test_cluster import cluster_flags, shard_counts, start_cluster
+
+LOADS = re.compile(r'^Worker 0: ps (\d+) holds (\d+) variables, (\d+) bytes',
+                   re.M)
+
+SYNC, ASYNC = [], ['--nosync_replicas']
+BACKUP = ['--replicas_to_aggregate=2']
+
+# (first launch, second launch), each (ps tasks, workers, flags); the async
+# cluster is described by TF_CONFIG, the others by the four cluster flags.
+SHAPES = {
+    '1ps_2workers_sync': ((1, 2, SYNC), (1, 2, SYNC)),
+    '2ps_2workers_sync': ((2, 2, SYNC), (2, 2, SYNC)),
+    '2ps_3workers_backup_then_1ps_2workers': ((2, 3, BACKUP), (1, 2, SYNC)),
+    '3ps_2workers_async_tf_config': ((3, 2, ASYNC), (3, 2, ASYNC)),
+    '1ps_4workers_sync_then_2ps_2workers': ((1, 4, SYNC), (2, 2, SYNC)),
+}
+
+
+def launch(procs, data_dir, train_dir, shape, max_steps, suffix):
+  """Runs a cluster of `shape` to max_steps; returns the checkpoint steps.
+
+  Asserts that every task exits 0, the ps tasks by themselves, and that the
+  latest checkpoint has one data shard per ps task.
+  """
+  num_ps, num_workers, extra = shape
+  flags = cluster_flags(data_dir, train_dir, num_workers, num_ps) + extra + [
+      '--max_steps=%d' % max_steps, '--save_checkpoint_steps=5']
+  start_cluster(procs, flags, num_workers, num_ps, suffix,
+                tf_config=extra == ASYNC)
+  codes = procs.wait_all(timeout=180)
+  assert set(codes.values()) == {0}, procs.tails()
+  for i in range(num_ps):
+    assert 'ps %d: all %d worker(s) finished; exiting' % (
+        i, num_workers) in procs.log('ps%d%s' % (i, suffix))
+  for i in range(num_workers):
+    finished = re.search(r'^Worker %d: training finished at global step '
+                         r'(\d+)$' % i, procs.log('worker%d%s' % (i, suffix)),
+                         re.M)
+    assert finished and int(finished.group(1)) >= max_steps
+  name_step, step = checkpoint_steps(train_dir)
+  assert shard_counts(train_dir, name_step) == {num_ps}
+  # Progress lines in the reference's format, from whichever workers ran
+  # enough local steps to print one.
+  assert any(PROGRESS.search(procs.log('worker%d%s' % (i, suffix)))
+             for i in range(num_workers)), procs.tails()
+  assert_clean_logs(procs)
+  return name_step, step
+
+
+def assert_balanced(chief_log, num_ps):
+  """The chief's start-up lines give each ps's bytes; 2+ ps are balanced."""
+  loads = [(int(t), int(n), int(b)) for t, n, b in LOADS.findall(chief_log)]
+  assert [t for t, _, _ in loads] == list(range(num_ps)), chief_log
+  total = sum(b for _, _, b in loads)
+  assert all(n > 0 for _, n, _ in loads)
+  if num_ps == 2:
+    assert max(b for _, _, b in loads) <= 0.6 * total, loads
+
+
+def assert_steps(shape, name_step, step, max_steps):
+  """Sync: the checkpoint holds exactly max_steps. Async: the other
+  workers' updates may land while the chief names and writes the last one.
+  """
+  num_workers, is_async = shape[1], shape[2] == ASYNC
+  if is_async:
+    assert max_steps <= name_step <= step <= max_steps + num_workers - 1
+  else:
+    assert name_step == step == max_steps
+
+
+@pytest.mark.parametrize('first, second', SHAPES.values(), ids=SHAPES.keys())
+def test_shape_trains_to_max_steps_and_resumes(procs, tiny_data, tmp_path,
+                                               first, second):
+  train_dir = str(tmp_path / 'train')
+  # The evaluator, which has no ps, reads the first shape's checkpoints.
+  procs.trainer('evaluator', '--job_name=evaluator', '--data_dir=' + tiny_data,
+                '--train_dir=' + train_dir, '--batch_size=16',
+                '--max_steps=10', '--eval_interval_secs=0.5')
+  name_step, step = launch(procs, tiny_data, train_dir, first, 10, '')
+  assert_steps(first, name_step, step, 10)
+  chief = procs.log('worker0')
+  assert_balanced(chief, first[0])
+  with open(os.path.join(train_dir, 'graph.pbtxt')) as f:
+    # Asynchronous means no SyncReplicasOptimizer queues in the graph.
+    assert ('sync_token_q' in f.read()) == (first[2] != ASYNC)
+  # Periodic checkpoints are the chaos test's business (test_chaos.py);
+  # here the chief's summaries for TensorBoard.
+  assert any(f.startswith('events.out.tfevents') for f in os.listdir(train_dir))
+  results = [json.loads(l) for l in open(
+      os.path.join(train_dir, 'eval', 'results.jsonl'))]
+  assert results[-1]['step'] == step and results[-1]['examples'] == 50
+  before = tf.train.load_variable(train_dir,
+                                  'InceptionResnetV2/Logits/weights')
+
+  procs.procs.clear()
+  name_step2, step2 = launch(procs, tiny_data, train_dir, second, 20, '_2')
+  assert_steps(second, name_step2, step2, 20)
+  chief = procs.log('worker0_2')
+  assert 'Worker 0: resuming from %s/model.ckpt-%d' % (train_dir,
+                                                       name_step) in chief
+  assert_balanced(chief, second[0])
+  after = tf.train.load_variable(train_dir, 'InceptionResnetV2/Logits/weights')
+  assert before.shape == after.shape == (768, 10)
+  assert not np.array_equal(before, after)
