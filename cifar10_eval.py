@@ -17,9 +17,9 @@ import os
 import sys
 import time
 
-import numpy as np
 import tensorflow as tf
 
+import checkpoints
 import cifar10_input
 import cifar10_model
 
@@ -129,20 +129,28 @@ def run(train_dir, data_dir, batch_size, standardize, max_steps,
   print('Evaluator: watching %s every %g s; results in %s' %
         (train_dir, eval_interval_secs, os.path.join(eval_dir, RESULTS_FILE)),
         flush=True)
-  os.makedirs(eval_dir, exist_ok=True)
-  writer = tf1.summary.FileWriter(eval_dir)
+  writer = None  # Made with the first result: a wrong --train_dir gets none.
   last = None
   while True:
     checkpoint = tf.train.latest_checkpoint(train_dir)
     if checkpoint and checkpoint != last:
       last = checkpoint
       try:
+        problem = checkpoints.mismatch(checkpoint, tf1.global_variables())
+        if problem:  # Another model's: no later checkpoint will do better.
+          print('Error: %s is a checkpoint of a different model (%s): point '
+                '--train_dir at a training run of this model' % (
+                    checkpoint, problem), file=sys.stderr)
+          return 2
         result = evaluate_checkpoint(checkpoint, fetches, saver, local_init,
                                      config)
       except (tf.errors.NotFoundError, ValueError):
         # The chief keeps its 5 latest checkpoints; this one went meanwhile
         # (restore raises ValueError when its files are already gone).
         continue
+      if writer is None:
+        os.makedirs(eval_dir, exist_ok=True)
+        writer = tf1.summary.FileWriter(eval_dir)
       report(result, eval_dir, writer)
       if run_once or result['step'] >= max_steps:
         writer.close()

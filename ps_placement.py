@@ -89,14 +89,3 @@ def describe_loads(variables, num_ps):
   return ['ps %d holds %d variables, %d bytes (%.1f%%)' % (
       task, count, size, 100.0 * size / total)
           for task, (count, size) in enumerate(loads)]
-
-
-def saved_name_and_shape(var):
-  """Returns (name, shape) under which var is saved in a checkpoint.
-
-  A slice of a partitioned variable is saved as part of the full variable.
-  """
-  info = getattr(var, '_save_slice_info', None)
-  if info is not None:
-    return info.full_name, list(info.full_shape)
-  return var.op.name, var.shape.as_list()

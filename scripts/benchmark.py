@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,23 +41,13 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-posi
 
 import cifar10_input  # pylint: disable=g-import-not-at-top,wrong-import-position
 import cifar10_model  # pylint: disable=g-import-not-at-top,wrong-import-position
+from free_ports import free_ports  # pylint: disable=g-import-not-at-top,wrong-import-position
 import make_synthetic_cifar10  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 tf1 = tf.compat.v1
 TRAINER = os.path.join(ROOT, 'train_distributed.py')
 PROGRESS = re.compile(r'^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}): step (\d+), '
                       r'loss = ', re.M)
-
-
-def free_ports(n):
-  socks = [socket.socket() for _ in range(n)]
-  try:
-    for s in socks:
-      s.bind(('', 0))
-    return [s.getsockname()[1] for s in socks]
-  finally:
-    for s in socks:
-      s.close()
 
 
 def import_seconds():
@@ -164,49 +153,60 @@ def run_training(name, data_dir, work, num_ps, num_workers, steps,
     tasks += [('worker%d' % i, hosts + ['--job_name=worker',
                                         '--task_index=%d' % i])
               for i in range(num_workers)]
-  procs = {}
   launched = time.time()
+  run_tasks(name, work, [(task, flags + common) for task, flags in tasks],
+            timeout=60 + steps * 10)
+  gone = time.time()
+  lines = [progress_times(os.path.join(work, '%s-%s.log' % (name, task)))
+           for task, _ in tasks if task.startswith('worker')]
+  # Steady state: the second half of each worker's steps. (In a short
+  # asynchronous run a late worker may get one step or none: it adds none.)
+  rate = 0.0
+  for times in lines:
+    half = times[len(times) // 2:]
+    if len(half) > 1:
+      rate += (len(half) - 1) * batch_size / (half[-1] - half[0])
+  # A synchronous worker may get no step at all: others took its tokens.
+  lines = [t for t in lines if t]
+  return {'images_per_sec': rate,
+          'first_step_secs': min(t[0] for t in lines) - launched,
+          'shutdown_secs': gone - max(t[-1] for t in lines)}
+
+
+def run_tasks(name, work, tasks, timeout):
+  """Starts the trainer once per (task, flags); waits for all to exit 0.
+
+  Raises:
+    RuntimeError: with the end of the log of a task that failed or hung.
+  """
+  procs = {}
   try:
     for task, flags in tasks:
-      log = open(os.path.join(work, '%s-%s.log' % (name, task)), 'w')
-      procs[task] = subprocess.Popen([sys.executable, TRAINER] + flags +
-                                     common, stdout=log,
-                                     stderr=subprocess.STDOUT)
-      log.close()
+      with open(os.path.join(work, '%s-%s.log' % (name, task)), 'w') as log:
+        procs[task] = subprocess.Popen([sys.executable, TRAINER] + flags,
+                                       stdout=log, stderr=subprocess.STDOUT)
     for task, proc in procs.items():
       try:
-        code = proc.wait(timeout=60 + steps * 10)
+        code = proc.wait(timeout=timeout)
       except subprocess.TimeoutExpired:
-        code = 'still running after %d s' % (60 + steps * 10)
+        code = 'still running after %d s' % timeout
       if code != 0:
         with open(os.path.join(work, '%s-%s.log' % (name, task))) as f:
           tail = f.read()[-3000:]
         raise RuntimeError('%s: %s exited with %s; the end of its log:\n%s' %
                            (name, task, code, tail))
-    gone = time.time()
   finally:
     for proc in procs.values():
       if proc.poll() is None:
         proc.kill()
         proc.wait()
-  lines = {}
-  for task in procs:
-    if task.startswith('worker'):
-      with open(os.path.join(work, '%s-%s.log' % (name, task))) as f:
-        lines[task] = [datetime.strptime(t, '%Y-%m-%d %H:%M:%S.%f').timestamp()
-                       for t, _ in PROGRESS.findall(f.read())]
-  # Steady state: the second half of each worker's steps. (In a short
-  # asynchronous run a late worker may get one step or none: it adds none.)
-  rate = 0.0
-  for times in lines.values():
-    half = times[len(times) // 2:]
-    if len(half) > 1:
-      rate += (len(half) - 1) * batch_size / (half[-1] - half[0])
-  # A synchronous worker may get no step at all: others took its tokens.
-  lines = [t for t in lines.values() if t]
-  return {'images_per_sec': rate,
-          'first_step_secs': min(t[0] for t in lines) - launched,
-          'shutdown_secs': gone - max(t[-1] for t in lines)}
+
+
+def progress_times(log_path):
+  """The times of the progress lines in a worker's log."""
+  with open(log_path) as f:
+    return [datetime.strptime(t, '%Y-%m-%d %H:%M:%S.%f').timestamp()
+            for t, _ in PROGRESS.findall(f.read())]
 
 
 def markdown(results):
@@ -243,7 +243,8 @@ def markdown(results):
   return '\n'.join(out)
 
 
-def main(argv=None):
+def parse_args(argv):
+  """The command line."""
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   parser.add_argument('--quick', action='store_true',
                       help='fewer steps and shorter timings (under 2 minutes '
@@ -259,7 +260,11 @@ def main(argv=None):
   parser.add_argument('--json', default='benchmark.json',
                       help='where to write the numbers (default: '
                       '%(default)s)')
-  args = parser.parse_args(argv)
+  return parser.parse_args(argv)
+
+
+def main(argv=None):
+  args = parse_args(argv)
   tf1.disable_eager_execution()
   tf.get_logger().setLevel('ERROR')
   steps = args.steps or (40 if args.quick else 200)
@@ -285,25 +290,8 @@ def main(argv=None):
         'numpy decode from memory (bound)': numpy_records_per_sec(data_dir,
                                                                   seconds),
     }
-    runs = [('single process', 0, 1, []),
-            ('1 ps + 1 worker', 1, 1, []),
-            ('1 ps + 2 workers, sync', 1, 2, []),
-            ('1 ps + 2 workers, async', 1, 2, ['--nosync_replicas']),
-            ('2 ps + 2 workers, sync', 2, 2, []),
-            ('2 ps + 2 workers, async', 2, 2, ['--nosync_replicas'])]
-    results['training'] = {}
-    for name, num_ps, num_workers, flags in runs:
-      print('Training: %s...' % name, flush=True)
-      results['training'][name] = run_training(
-          name.replace(' ', '_').replace(',', ''), data_dir, work, num_ps,
-          num_workers, steps, args.batch_size, flags + extra)
-    single = results['training']['single process']['images_per_sec']
-    for (name, _, num_workers, _) in runs:
-      r = results['training'][name]
-      r['ratio'] = r['images_per_sec'] / single
-      if args.num_gpus:
-        r['images_per_gpu'] = r['images_per_sec'] / min(num_workers,
-                                                        args.num_gpus)
+    results['training'] = train_all(data_dir, work, steps, args.batch_size,
+                                    extra, args.num_gpus)
     sync = results['training']['1 ps + 2 workers, sync']
     imports = import_seconds()
     results['startup'] = {
@@ -322,6 +310,29 @@ def main(argv=None):
     json.dump(results, f, indent=2)
   print('\nWrote %s' % args.json)
   return 0
+
+
+def train_all(data_dir, work, steps, batch_size, extra, num_gpus):
+  """Runs every training configuration; returns {name: measurements}."""
+  runs = [('single process', 0, 1, []),
+          ('1 ps + 1 worker', 1, 1, []),
+          ('1 ps + 2 workers, sync', 1, 2, []),
+          ('1 ps + 2 workers, async', 1, 2, ['--nosync_replicas']),
+          ('2 ps + 2 workers, sync', 2, 2, []),
+          ('2 ps + 2 workers, async', 2, 2, ['--nosync_replicas'])]
+  training = {}
+  for name, num_ps, num_workers, flags in runs:
+    print('Training: %s...' % name, flush=True)
+    training[name] = run_training(
+        name.replace(' ', '_').replace(',', ''), data_dir, work, num_ps,
+        num_workers, steps, batch_size, flags + extra)
+  single = training['single process']['images_per_sec']
+  for (name, _, num_workers, _) in runs:
+    r = training[name]
+    r['ratio'] = r['images_per_sec'] / single
+    if num_gpus:
+      r['images_per_gpu'] = r['images_per_sec'] / min(num_workers, num_gpus)
+  return training
 
 
 if __name__ == '__main__':

@@ -82,6 +82,35 @@ while (($#)); do
   esac
   shift
 done
+# Trainer flags after -- that the script acts on itself, in every spelling
+# absl accepts (-flag or --flag, =value or a separate value, --noflag; the
+# last one given wins): --train_dir and --data_dir become the script's own,
+# so that it checks, deletes and reports where the tasks really work, and
+# --fresh_start happens here, before any task runs, rather than in the chief,
+# which would race the evaluator (it could evaluate the old run's checkpoint,
+# or write into the directory the chief is deleting).
+fresh_start=0
+trainer_flags=()
+set -- "${extra[@]}"
+while (($#)); do
+  flag=${1#-}; flag=${flag#-}
+  case $flag in
+    train_dir|data_dir)
+      (($# >= 2)) || die "-- --$flag needs a value"
+      set_option "$flag" "$2"; shift ;;
+    train_dir=*|data_dir=*) set_option "${flag%%=*}" "${flag#*=}" ;;
+    fresh_start) fresh_start=1 ;;
+    nofresh_start) fresh_start=0 ;;
+    fresh_start=*)
+      case ${flag#*=} in
+        [Tt][Rr][Uu][Ee]|[Tt]|1) fresh_start=1 ;;
+        [Ff][Aa][Ll][Ss][Ee]|[Ff]|0) fresh_start=0 ;;
+        *) die "-- --fresh_start=${flag#*=}: use true or false" ;;
+      esac ;;
+    *) trainer_flags+=("$1") ;;
+  esac
+  shift
+done
 ((num_ps >= 1)) || die "--num_ps must be at least 1"
 ((num_workers >= 1)) || die "--num_workers must be at least 1"
 ((max_steps >= 1)) || die "--max_steps must be at least 1"
@@ -99,31 +128,17 @@ if ! compgen -G "$data_dir/data_batch_*.bin" > /dev/null ||
   fi
 fi
 
-# -- --fresh_start: start over here, before any task runs, rather than in the
-# chief, which would race the evaluator (it could evaluate the old run's
-# checkpoint, or write into the directory the chief is deleting).
-trainer_flags=()
-for flag in "${extra[@]}"; do
-  case $flag in
-    --fresh_start|--fresh_start=[Tt]rue|--fresh_start=1)
-      echo "--fresh_start: deleting $train_dir"
-      rm -rf "$train_dir" || die "cannot delete $train_dir" ;;
-    *) trainer_flags+=("$flag") ;;
-  esac
-done
+if ((fresh_start)); then
+  echo "--fresh_start: deleting $train_dir"
+  rm -rf "$train_dir" || die "cannot delete $train_dir"
+fi
 
 mkdir -p "$log_dir" || die "cannot create --log_dir=$log_dir"
 log_dir=$(cd "$log_dir" && pwd)
 
-# Free ports, all at once so that no two tasks get the same one.
-ports=($("$python" - "$((num_ps + num_workers))" <<'EOF'
-import socket, sys
-socks = [socket.socket() for _ in range(int(sys.argv[1]))]
-for s in socks:
-  s.bind(('', 0))  # TensorFlow's servers listen on all interfaces.
-print(' '.join(str(s.getsockname()[1]) for s in socks))
-EOF
-)) || die "could not find free ports"
+# Free ports, all at once so that no two tasks get the same one, from below
+# the range the kernel picks connections' source ports from.
+ports=($("$python" "$root/scripts/free_ports.py" "$((num_ps + num_workers))")) || die "could not find free ports"
 join() { local IFS=,; echo "$*"; }
 ps_hosts=$(join $(for p in "${ports[@]:0:num_ps}"; do echo "localhost:$p"; done))
 worker_hosts=$(join $(for p in "${ports[@]:num_ps}"; do echo "localhost:$p"; done))

@@ -2,7 +2,6 @@
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, 'scripts'))
 
+import free_ports as scripts_free_ports  # pylint: disable=g-import-not-at-top,wrong-import-position
 import make_synthetic_cifar10  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 TRAINER = os.path.join(ROOT, 'train_distributed.py')
@@ -28,17 +28,9 @@ def tiny_data(tmp_path_factory):
 
 
 def free_ports(n):
-  """Returns n distinct TCP ports that are free on all interfaces now."""
-  socks = []
-  try:
-    for _ in range(n):
-      s = socket.socket()
-      s.bind(('', 0))  # TensorFlow's servers listen on all interfaces.
-      socks.append(s)
-    return [s.getsockname()[1] for s in socks]
-  finally:
-    for s in socks:
-      s.close()
+  """Returns n distinct TCP ports, free now, that no other connection takes
+  before the tasks bind them (see scripts/free_ports.py)."""
+  return scripts_free_ports.free_ports(n)
 
 
 class Processes:

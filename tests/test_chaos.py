@@ -10,17 +10,12 @@ import re
 
 import tensorflow as tf
 
-from test_cluster import cluster_flags, start_cluster
+from test_cluster import cluster_flags, latest_step, start_cluster
 from test_faults import kill9, wait_until
 
 MAX_STEPS = 60
 # The task killed once the checkpoint of step 10, 20, ... exists.
 VICTIMS = ['worker2', 'worker0', 'ps1', 'worker1', 'ps0']
-
-
-def latest_step(train_dir):
-  latest = tf.train.latest_checkpoint(train_dir)
-  return int(latest.rsplit('-', 1)[1]) if latest else -1
 
 
 def restored_steps(log):

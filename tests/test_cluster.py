@@ -62,6 +62,12 @@ def checkpoint_steps(train_dir):
           int(tf.train.load_variable(latest, 'global_step')))
 
 
+def latest_step(train_dir):
+  """The step in the latest checkpoint's name; -1 when there is none."""
+  latest = tf.train.latest_checkpoint(train_dir)
+  return int(latest.rsplit('-', 1)[1]) if latest else -1
+
+
 def checkpoint_step(train_dir):
   """The latest checkpoint's step, checking that its name agrees."""
   name_step, step = checkpoint_steps(train_dir)

@@ -90,23 +90,45 @@ def test_one_epoch_sees_every_record_once_with_a_partial_last_batch(handmade):
   assert seen == [[9, 2, 6], [5]]
 
 
-def test_preprocessing_standardizes_and_augments(tiny_data):
-  (images, _), = read_batches(tiny_data, eval_data=False, batch_size=16,
-                              standardize=True, distort=True)
-  assert images.shape == (16, 32, 32, 3)
-  np.testing.assert_allclose(images.mean(axis=(1, 2, 3)), 0, atol=1e-3)
-  np.testing.assert_allclose(images.std(axis=(1, 2, 3)), 1, atol=1e-2)
+def test_preprocessing_standardizes_and_augments(handmade):
+  data_dir, _ = handmade
+  # 5 training records, read in order by one thread: batch i is epoch i.
+  plain, = read_batches(data_dir, eval_data=False, batch_size=5,
+                        standardize=True)
+  epochs = read_batches(data_dir, eval_data=False, batch_size=5,
+                        num_batches=2, standardize=True, distort=True)
+  for images, labels in epochs:
+    assert images.shape == (5, 32, 32, 3)
+    np.testing.assert_array_equal(labels, plain[1])
+    np.testing.assert_allclose(images.mean(axis=(1, 2, 3)), 0, atol=1e-3)
+    np.testing.assert_allclose(images.std(axis=(1, 2, 3)), 1, atol=1e-2)
+    # The images differ from their unaugmented decode. (Standardization
+    # undoes brightness and most of contrast; an image left uncropped and
+    # unflipped, 1 in 162, would match: so 4 of 5, not all.)
+    assert differing(images, plain[0]) >= 4
+  # And the same record is augmented anew in each epoch.
+  assert differing(epochs[0][0], epochs[1][0]) >= 4
+
+
+def differing(images, others):
+  """How many images differ from their counterparts in others."""
+  return sum(np.abs(a - b).mean() > 0.05 for a, b in zip(images, others))
 
 
 def test_shuffle_batch_uses_16_threads_and_sizes_queue_from_data(tiny_data):
-  with tf.Graph().as_default():
+  with tf.Graph().as_default() as graph:
     cifar10_input.generate_batch_inputs(
         eval_data=False, shuffle=True, data_dir=tiny_data, batch_size=8)
     runners = tf1.get_collection(tf1.GraphKeys.QUEUE_RUNNERS)
     batch_runner, = [r for r in runners if 'shuffle_batch' in r.name]
     assert len(batch_runner.enqueue_ops) == 16
-  # 200 records: 40% is 80 kept after dequeue, plus 3 batches of room.
+    queue, = [op for op in graph.get_operations()
+              if op.type == 'RandomShuffleQueueV2']
+    # 200 records: 40% is 80 kept after dequeue, plus 3 batches of room.
+    assert queue.get_attr('min_after_dequeue') == 80
+    assert queue.get_attr('capacity') == 104
   assert cifar10_input.queue_sizes(200, 8) == (80, 104)
+  # The real CIFAR-10: the reference's 20,000, never more.
   assert cifar10_input.queue_sizes(50000, 128) == (20000, 20384)
   assert cifar10_input.queue_sizes(10 ** 6, 128) == (20000, 20384)
 

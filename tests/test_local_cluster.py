@@ -37,22 +37,50 @@ def run_script(tmp_path, data_dir, *args):
 
 
 def processes_mentioning(text):
-  """PIDs of live processes whose command line contains text."""
+  """PIDs of live processes whose command line contains text (a check that
+  nothing was left, not a way to find what to kill)."""
   out = subprocess.run(['pgrep', '-f', text], capture_output=True, text=True)
   return [int(p) for p in out.stdout.split()]
 
 
+def descendants(pid):
+  """PIDs of the live descendants of pid, from /proc."""
+  children = {}
+  for entry in os.listdir('/proc'):
+    try:
+      with open('/proc/%s/stat' % entry) as f:
+        # pid (comm) state ppid ...: comm may hold spaces, so split after it.
+        ppid = int(f.read().rsplit(')', 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+      continue
+    children.setdefault(ppid, []).append(int(entry))
+  found, todo = [], [pid]
+  while todo:
+    for child in children.get(todo.pop(), []):
+      found.append(child)
+      todo.append(child)
+  return found
+
+
 @pytest.fixture
-def script_procs(tmp_path):
-  """Kills, by PID, the script and anything it left, whatever happens."""
+def script_procs():
+  """Kills, by PID, each script and what it started, whatever happens.
+
+  The script's tasks are found as its descendants before it is killed:
+  once it is gone they would belong to init.
+  """
   started = []
   yield started
   for proc in started:
     if proc.poll() is None:
+      left = descendants(proc.pid)
       os.kill(proc.pid, signal.SIGKILL)
       proc.wait()
-  for pid in processes_mentioning(str(tmp_path)):
-    os.kill(pid, signal.SIGKILL)
+      for pid in left:
+        try:
+          os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+          pass
 
 
 def wait_for(path, text, proc, timeout):
@@ -67,17 +95,27 @@ def wait_for(path, text, proc, timeout):
 
 def test_script_runs_a_cluster_with_an_evaluator(tmp_path, tiny_data,
                                                  script_procs):
+  # --train_dir and --fresh_start given to the tasks, after --, in spellings
+  # absl accepts: the script deletes, trains in and reports that directory.
+  train_dir = tmp_path / 'elsewhere'
+  train_dir.mkdir()
+  (train_dir / 'stale.txt').write_text('from an earlier run')
   proc = run_script(tmp_path, tiny_data, '--num_ps=2', '--num_workers=3',
-                    '--max_steps=20', *FAST)
+                    '--max_steps=20', *FAST, '-train_dir', str(train_dir),
+                    '--fresh_start=t')
   script_procs.append(proc)
   assert proc.wait(timeout=240) == 0, (tmp_path / 'script.out').read_text()
   out = (tmp_path / 'script.out').read_text()
+  assert '--fresh_start: deleting %s' % train_dir in out
+  assert not (train_dir / 'stale.txt').exists()
+  assert not (tmp_path / 'train').exists()
   assert 'Logs: %s' % (tmp_path / 'logs') in out
   assert re.search(r': step \d+, loss = .* ,Train accuracy = ', out)
   final = re.search(r'^Final: .*: step 20, loss = \d+\.\d\d ,Test accuracy = '
                     r'(\d\.\d{4}) \(50 examples\)$', out, re.M)
   assert final, out
-  lines = (tmp_path / 'train' / 'eval' / 'results.jsonl').read_text()
+  assert 'Results: %s/eval/results.jsonl' % train_dir in out
+  lines = (train_dir / 'eval' / 'results.jsonl').read_text()
   results = [json.loads(l) for l in lines.splitlines()]
   assert results[-1]['step'] == 20 and results[-1]['examples'] == 50
   assert results[-1]['accuracy'] == float(final.group(1))
@@ -85,11 +123,39 @@ def test_script_runs_a_cluster_with_an_evaluator(tmp_path, tiny_data,
   assert sorted(os.listdir(tmp_path / 'logs')) == [
       'evaluator.log', 'ps0.log', 'ps1.log', 'worker0.log', 'worker1.log',
       'worker2.log']
-  assert {f for f in os.listdir(tmp_path / 'train')
+  assert {f for f in os.listdir(train_dir)
           if f.startswith('model.ckpt-20.data-')} == {
               'model.ckpt-20.data-00000-of-00002',
               'model.ckpt-20.data-00001-of-00002'}
   assert not processes_mentioning(str(tmp_path))
+
+
+@pytest.mark.parametrize('spelling, deletes', [
+    ('--fresh_start', True), ('-fresh_start=1', True),
+    ('--fresh_start=True', True), ('--nofresh_start', False),
+    ('--fresh_start=f', False), ('no_data', False)])
+def test_script_reads_fresh_start_as_absl_does(tmp_path, tiny_data, spelling,
+                                               deletes):
+  # The script stops before starting any task (its --log_dir cannot be
+  # made), after deciding whether to delete the --train_dir given after --.
+  # The last spelling wins, as in absl. Without data nothing is deleted.
+  train_dir = tmp_path / 'train'
+  train_dir.mkdir()
+  data_dir = str(tmp_path / 'none') if spelling == 'no_data' else tiny_data
+  proc = subprocess.run(
+      ['bash', SCRIPT, '--train_dir=/not/this/one', '--log_dir=/proc/none',
+       '--', '--train_dir=' + str(train_dir), '--data_dir', data_dir,
+       '--fresh_start=t'] + ([] if spelling == 'no_data' else [spelling]),
+      capture_output=True, text=True, timeout=60, cwd=str(tmp_path),
+      # No download: with no data, the downloader fails at once.
+      env=dict(os.environ, PYTHON='false'))
+  assert proc.returncode == 2, proc.stdout + proc.stderr
+  assert train_dir.exists() != deletes
+  assert ('--fresh_start: deleting %s' % train_dir in proc.stdout) == deletes
+  if spelling == 'no_data':
+    assert 'no CIFAR-10 in %s' % data_dir in proc.stderr
+  else:
+    assert 'cannot create --log_dir=/proc/none' in proc.stderr
 
 
 def test_a_failing_worker_fails_the_script_and_leaves_no_process(

@@ -5,6 +5,7 @@ import tensorflow as tf
 
 import cifar10_model
 import ps_placement
+import checkpoints
 
 tf1 = tf.compat.v1
 
@@ -44,7 +45,7 @@ def test_only_the_big_variables_are_split_and_saved_whole():
   with build(2).as_default():
     parts = {}
     for var in tf1.global_variables():
-      name, shape = ps_placement.saved_name_and_shape(var)
+      name, shape = checkpoints.saved_name_and_shape(var)
       parts.setdefault(name, []).append(var.shape.as_list())
       if name.endswith('Conv2d_4a_3x3/weights'):
         assert shape == [3, 3, 80, 192]

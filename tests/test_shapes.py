@@ -9,6 +9,7 @@ which worker did how many steps.
 import json
 import os
 import re
+import socket
 
 import numpy as np
 import pytest
@@ -45,8 +46,19 @@ def launch(procs, data_dir, train_dir, shape, max_steps, suffix):
       '--max_steps=%d' % max_steps, '--save_checkpoint_steps=5']
   start_cluster(procs, flags, num_workers, num_ps, suffix,
                 tf_config=extra == ASYNC)
-  codes = procs.wait_all(timeout=180)
+  chief = procs.procs['worker0' + suffix]
+  assert chief.wait(timeout=180) == 0, procs.tails()
+  # The chief is done: every other task is gone within 30 s, status 0, and
+  # nothing listens on the cluster's ports any more.
+  codes = procs.wait_all(timeout=30)
   assert set(codes.values()) == {0}, procs.tails()
+  for host in ','.join(f.split('=')[1] for f in flags[:2]).split(','):
+    with socket.socket() as s:
+      # As a server binds: connections of the ended tasks left in TIME_WAIT
+      # do not count, a listening socket would.
+      s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      s.bind(('', int(host.rsplit(':', 1)[1])))
+      s.listen()
   for i in range(num_ps):
     assert 'ps %d: all %d worker(s) finished; exiting' % (
         i, num_workers) in procs.log('ps%d%s' % (i, suffix))
@@ -102,8 +114,9 @@ def test_shape_trains_to_max_steps_and_resumes(procs, tiny_data, tmp_path,
     # Asynchronous means no SyncReplicasOptimizer queues in the graph.
     assert ('sync_token_q' in f.read()) == (first[2] != ASYNC)
   # Periodic checkpoints are the chaos test's business (test_chaos.py);
-  # here the chief's summaries for TensorBoard.
-  assert any(f.startswith('events.out.tfevents') for f in os.listdir(train_dir))
+  # here the summaries for TensorBoard: from the chief alone.
+  assert len([f for f in os.listdir(train_dir)
+              if f.startswith('events.out.tfevents')]) == 1
   results = [json.loads(l) for l in open(
       os.path.join(train_dir, 'eval', 'results.jsonl'))]
   assert results[-1]['step'] == step and results[-1]['examples'] == 50

@@ -8,6 +8,7 @@ import yaml
 
 from conftest import ROOT
 
+import cluster_config
 import train_distributed
 
 CLUSTER = {'chief': ['c:2222'], 'worker': ['w0:2222', 'w1:2222'],
@@ -15,7 +16,7 @@ CLUSTER = {'chief': ['c:2222'], 'worker': ['w0:2222', 'w1:2222'],
 
 
 def flags_for(cluster, task_type, index):
-  return train_distributed.tf_config_flags(json.dumps(
+  return cluster_config.tf_config_flags(json.dumps(
       {'cluster': cluster, 'task': {'type': task_type, 'index': index}}))
 
 
@@ -82,8 +83,8 @@ def test_without_a_chief_job_worker_0_is_the_chief():
      '"task": {"type": "chief", "index": 0}}', 'lists 2 chief/master tasks'),
 ])
 def test_malformed_tf_config_says_what_is_wrong(text, message):
-  with pytest.raises(train_distributed.UsageError) as e:
-    train_distributed.tf_config_flags(text)
+  with pytest.raises(cluster_config.UsageError) as e:
+    cluster_config.tf_config_flags(text)
   assert str(e.value).startswith('TF_CONFIG ')
   assert message in str(e.value)
 

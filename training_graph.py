@@ -1,0 +1,96 @@
+"""The training graph of a worker: where each part runs, and the model,
+loss, learning rate and (synchronous) optimizer on top of the input batches.
+
+The reference's graph, with its bugs fixed: the weight decay is in the loss,
+BatchNorm statistics are updated once per global step, and the step a run
+reached is read after its update.
+"""
+
+import collections
+
+import tensorflow as tf
+
+import cifar10_model
+import ps_placement
+
+tf1 = tf.compat.v1
+
+DROPOUT_KEEP_PROB = 0.8  # The reference's.
+MOVING_AVERAGE_DECAY = 0.9999  # Declared, never used, as in the reference.
+
+# The tensors and ops a worker's session loop and hooks need.
+TrainingGraph = collections.namedtuple(
+    'TrainingGraph', 'global_step loss accuracy step_after sync_opt')
+
+
+def devices(cluster, task_index, num_gpus):
+  """Returns (input device, variable device function or name).
+
+  The input pipeline runs on this worker's CPU, the model on its GPU (with
+  num_gpus > 0) or CPU, the variables on the ps tasks (or, with no cluster,
+  beside the model).
+  """
+  compute = '/device:GPU:0' if num_gpus else '/cpu:0'
+  if cluster is None:
+    return '/cpu:0', compute
+  worker = '/job:worker/task:%d' % task_index
+  return (worker + '/cpu:0',
+          ps_placement.device_setter(cluster, worker + compute))
+
+
+def decay_steps(num_train_records, examples_per_step, num_epochs_per_decay):
+  """Global steps between learning-rate decays, counting real examples.
+
+  In synchronous training a global step consumes replicas_to_aggregate
+  batches; in asynchronous training, one.
+  """
+  steps_per_epoch = num_train_records / float(examples_per_step)
+  return max(1, int(steps_per_epoch * num_epochs_per_decay))
+
+
+def build(images, labels, num_ps, is_chief, learning_rate, sync=None):
+  """Builds the model, loss and train op in the current device scope.
+
+  Args:
+    images, labels: A training batch.
+    num_ps: The ps tasks the variables are spread over (0: none).
+    is_chief: Whether this is worker 0.
+    learning_rate: (initial rate, decay steps, decay factor), the
+      reference's staircase schedule.
+    sync: (replicas_to_aggregate, total workers) for SyncReplicasOptimizer;
+      None for asynchronous training or one process.
+
+  Returns:
+    A TrainingGraph. Running step_after runs one training step.
+  """
+  global_step = tf1.train.get_or_create_global_step()
+  with tf1.variable_scope('', partitioner=ps_placement.partitioner(num_ps)):
+    logits = cifar10_model.inference(images, is_training=True,
+                                     dropout_keep_prob=DROPOUT_KEEP_PROB)
+  loss = cifar10_model.loss(logits, labels)
+  accuracy = tf.reduce_mean(tf.cast(
+      tf1.nn.in_top_k(logits, labels, 1), tf.float32), name='accuracy')
+  initial, steps, factor = learning_rate
+  lr = tf1.train.exponential_decay(initial, global_step, steps, factor,
+                                   staircase=True)
+  opt = tf1.train.GradientDescentOptimizer(lr)
+  if sync:
+    opt = tf1.train.SyncReplicasOptimizer(
+        opt, replicas_to_aggregate=sync[0], total_num_replicas=sync[1],
+        name='cifar10_sync_replicas')
+  minimize = opt.minimize(loss, global_step=global_step)
+  # BatchNorm moving statistics get one update per global step, as in a
+  # single process: from each step of an asynchronous worker, and in
+  # synchronous training from the chief only (the others' updates would
+  # land on the ps unaggregated, N times per global step).
+  update_ops = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)
+  train_op = tf.group(minimize, *(update_ops if is_chief or not sync
+                                  else []), name='train_op')
+  with tf.control_dependencies([train_op]):
+    # The step this training step reached: read after it, not beside it.
+    step_after = global_step.read_value()
+  tf1.summary.scalar('loss', loss)
+  tf1.summary.scalar('accuracy', accuracy)
+  tf1.summary.scalar('learning_rate', lr)
+  return TrainingGraph(global_step, loss, accuracy, step_after,
+                       opt if sync else None)

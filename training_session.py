@@ -1,0 +1,239 @@
+"""The session machinery of a worker: creating, recovering and stopping it.
+
+MonitoredSession and SyncReplicasOptimizer as TF1 meant them, with what the
+stock pieces get wrong at start, at a lost task and at the end:
+SyncReplicasHook starts and stops the chief's sync thread cleanly;
+SessionCreator polls for the chief every 0.5 s instead of 30 s and says when
+the cluster comes back; ReportLostTask turns TensorFlow's INFO note about a
+lost task into one line; StopOnSignal makes SIGINT/SIGTERM checkpoint (on
+the chief) and exit even while a step is blocked.
+"""
+
+import logging
+import os
+import signal
+import sys
+import threading
+
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+
+# How often a worker that waits for the chief to initialize the model looks
+# again. The stock session creators poll every 30 s, which a synchronous
+# chief then spends waiting for that worker's first gradients.
+RECOVERY_WAIT_SECS = 0.5
+
+
+class SyncReplicasHook(tf1.train.SessionRunHook):
+  """SyncReplicasOptimizer's session hook, with a clean start and stop.
+
+  Does what SyncReplicasOptimizer.make_session_run_hook() does: run the local
+  init op and, on the chief, fill the token queue and run the sync op
+  (aggregate gradients, apply them, hand out tokens) in a thread. The stock
+  hook registers that thread with the coordinator; at the end it is blocked
+  in take_grad waiting for gradients no worker will send, so
+  MonitoredSession.close() waits its 120 s grace period and the thread then
+  raises CancelledError. Here the thread is not joined: it ends when the
+  session closes, and counts that as a normal end. So does a lost ps, from
+  which the training loop recovers; another error is passed to the
+  coordinator, which raises it in the training loop.
+  """
+
+  def __init__(self, opt, is_chief):
+    self._is_chief = is_chief
+    if is_chief:
+      self._local_init_op = opt.chief_init_op
+      self._init_tokens_op = opt.get_init_tokens_op()
+      self._sync_op = opt.get_chief_queue_runner().enqueue_ops[0]
+    else:
+      self._local_init_op = opt.local_step_init_op
+
+  def after_create_session(self, session, coord):
+    session.run(self._local_init_op)
+    if self._is_chief:
+      session.run(self._init_tokens_op)
+      threading.Thread(target=self._run_sync_op, args=(session, coord),
+                       daemon=True, name='sync_replicas').start()
+
+  def _run_sync_op(self, session, coord):
+    try:
+      while not coord.should_stop():
+        session.run(self._sync_op)
+    except (tf.errors.CancelledError, tf.errors.OutOfRangeError, RuntimeError):
+      pass  # The session or the token queue was closed: training is over.
+    except (tf.errors.UnavailableError, tf.errors.AbortedError):
+      # A ps went away. The training loop's own step fails the same way and
+      # MonitoredSession recovers; reported to the coordinator, this error
+      # would be raised again when the broken session closes, and kill us.
+      pass
+    except Exception as e:  # pylint: disable=broad-except
+      coord.request_stop(e)
+
+
+class ReportLostTask(logging.Filter):
+  """Turns TensorFlow's note that a task was lost into one line on stderr.
+
+  When a ps or the chief goes away, MonitoredSession catches the
+  UnavailableError or AbortedError, logs it at INFO level (below what we
+  show) and waits, inside the close of the broken session, for the task to
+  come back. This filter on TensorFlow's logger is the one place that hears
+  of it when it happens; everything else stays hidden as before.
+  """
+
+  PREFIX = 'An error was raised. This may be due to a preemption'
+
+  def __init__(self, task_index):
+    super().__init__()
+    self._task_index = task_index
+
+  def filter(self, record):
+    if record.levelno >= logging.ERROR:
+      return True
+    message = record.getMessage()
+    if message.startswith(self.PREFIX):
+      error = message.rsplit('Error: ', 1)[-1].strip().splitlines()[0]
+      print('Worker %d: lost a task of the cluster (%s); waiting for it to '
+            'come back' % (self._task_index, error), file=sys.stderr,
+            flush=True)
+    return False
+
+
+class SessionCreator(tf1.train.SessionCreator):
+  """ChiefSessionCreator / WorkerSessionCreator with a short recovery wait.
+
+  The stock creators build a SessionManager that polls every 30 s: a worker
+  started before the chief has initialized the model sleeps 30 s before it
+  looks again, and a synchronous chief's first step waits for it.
+  """
+
+  def __init__(self, scaffold, master, config, task_index, checkpoint_dir):
+    self._scaffold = scaffold
+    self._master = master
+    self._config = config
+    self._task_index = task_index
+    self._is_chief = task_index == 0
+    self._checkpoint_dir = checkpoint_dir
+    self._sessions = 0
+
+  def create_session(self):
+    # MonitoredSession calls this again once a lost task is back (see
+    # ReportLostTask): a restarted ps has lost its variables.
+    if self._sessions:
+      print('Worker %d: the cluster is back; %s' % (
+          self._task_index,
+          'restoring the latest checkpoint' if self._is_chief else
+          'waiting for the chief to restore the model'),
+            file=sys.stderr, flush=True)
+    self._sessions += 1
+    self._scaffold.finalize()
+    manager = tf1.train.SessionManager(
+        local_init_op=self._scaffold.local_init_op,
+        ready_op=self._scaffold.ready_op,
+        ready_for_local_init_op=self._scaffold.ready_for_local_init_op,
+        graph=tf1.get_default_graph(),
+        recovery_wait_secs=RECOVERY_WAIT_SECS)
+    if not self._is_chief:
+      return manager.wait_for_session(self._master, config=self._config)
+    session = manager.prepare_session(
+        self._master, saver=self._scaffold.saver,
+        checkpoint_dir=self._checkpoint_dir, config=self._config,
+        init_op=self._scaffold.init_op)
+    if self._sessions > 1:  # Where the cluster starts again from.
+      print('Worker 0: restored the model at global step %d' % session.run(
+          tf1.train.get_global_step()), file=sys.stderr, flush=True)
+    return session
+
+
+class StopOnSignal(tf1.train.SessionRunHook):
+  """SIGINT or SIGTERM: the chief writes a checkpoint; the task exits now.
+
+  Python runs a signal handler only between bytecodes, and a worker can sit
+  inside session.run for as long as another worker is down (synchronous
+  training waits for its gradients), so a handler alone could wait forever.
+  The C-level handler still writes the signal number to the wakeup fd, and a
+  thread reading it saves and exits while the main thread stays blocked.
+
+  A single process first lets its step in flight end and starts no other
+  (this is the last hook, so the other hooks' saves are done too): its
+  checkpoint is exactly the model of the step it is named after. In a
+  cluster, the chief's sync thread and the other workers may apply a step
+  between the read of the global step that names the checkpoint and the
+  save, as with TensorFlow's own CheckpointSaverHook: the checkpoint is a
+  snapshot and may hold a later step than its name. A second signal exits
+  at once, without waiting for the save.
+  """
+
+  # How long a single process waits for its step in flight before it saves
+  # anyway: a step that raised never reports its end.
+  STEP_WAIT_SECS = 30
+
+  def __init__(self, name, scaffold=None, train_dir=None, global_step=None,
+               wait_for_step=False):
+    """Starts watching for the signals.
+
+    Args:
+      name: This task, for the message: 'Worker 0', 'Evaluator'.
+      scaffold: The chief's Scaffold, whose saver writes the checkpoint;
+        None on other workers, which only exit.
+      train_dir: Where the checkpoint goes.
+      global_step: The global step tensor, which names the checkpoint.
+      wait_for_step: Whether to let the step in flight finish first; only
+        where nothing else changes the variables (a single process).
+    """
+    self._name = name
+    self._scaffold, self._train_dir = scaffold, train_dir
+    self._global_step = global_step
+    self._wait_for_step = wait_for_step
+    # Guards the two below: whether a step is running, whether to stop.
+    self._step_state = threading.Condition()
+    self._in_step = self._stopping = False
+    self._session = None
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.set_wakeup_fd(write_fd)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+      signal.signal(signum, lambda *_: None)  # The wakeup fd carries it.
+    threading.Thread(target=self._watch, args=(read_fd,), daemon=True,
+                     name='stop_on_signal').start()
+
+  def after_create_session(self, session, coord):
+    self._session = session
+
+  def before_run(self, run_context):
+    if not self._wait_for_step:
+      return  # In a cluster the steps are not held up: no lock per step.
+    with self._step_state:
+      # Once a signal came, the main thread waits here for the exit.
+      self._step_state.wait_for(lambda: not self._stopping)
+      self._in_step = True
+
+  def after_run(self, run_context, run_values):
+    if not self._wait_for_step:
+      return
+    with self._step_state:
+      self._in_step = False
+      self._step_state.notify_all()
+
+  def _watch(self, read_fd):
+    signum = os.read(read_fd, 1)[0]
+    threading.Thread(target=lambda: os._exit(128 + os.read(read_fd, 1)[0]),
+                     daemon=True, name='second_signal').start()
+    message = '%s: %s' % (self._name, signal.Signals(signum).name)
+    if self._scaffold is not None and self._session is not None:
+      if self._wait_for_step:
+        with self._step_state:
+          self._stopping = True
+          self._step_state.wait_for(lambda: not self._in_step,
+                                    timeout=self.STEP_WAIT_SECS)
+      try:
+        path = self._scaffold.saver.save(
+            self._session, os.path.join(self._train_dir, 'model.ckpt'),
+            global_step=self._global_step)
+        message += ': wrote %s' % path
+      except Exception as e:  # pylint: disable=broad-except
+        message += ': could not write a checkpoint (%s)' % (
+            str(e).splitlines()[0])
+    print(message + '; exiting', file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(128 + signum)  # The main thread may be blocked in a step.
