@@ -106,7 +106,7 @@ def run_ps(cluster, task_index):
 
 
 def done_ops(num_ps, task_index, sync_opt=None):
-  """Returns (close_tokens, post_done) for tell_cluster_done().
+  """Returns (close_tokens, [post_done per ps]) for tell_cluster_done().
 
   Args:
     num_ps: The ps tasks, each with a done queue.
@@ -114,28 +114,32 @@ def done_ops(num_ps, task_index, sync_opt=None):
     sync_opt: The chief's SyncReplicasOptimizer, whose token queue it
       closes; None on other workers and in asynchronous training.
   """
-  post_done = tf.group(*[done_queue(i).enqueue(task_index)
-                         for i in range(num_ps)])
+  posts = [done_queue(i).enqueue(task_index) for i in range(num_ps)]
   close_tokens = (sync_opt.get_chief_queue_runner().queue.close(
       cancel_pending_enqueues=True) if sync_opt else tf.no_op())
-  return close_tokens, post_done
+  return close_tokens, posts
 
 
-def tell_cluster_done(master, config, close_tokens, post_done, global_step):
+def tell_cluster_done(master, config, close_tokens, posts, global_step):
   """Releases the other workers, tells each ps, returns the global step.
 
   The chief of a synchronous run closes the token queue, so that workers
   blocked waiting for a token stop instead of hanging. Every worker then
-  posts to each ps's done queue; a ps exits when all workers have posted.
-  Returns None when the cluster cannot be reached.
+  posts to each ps's done queue, one at a time, so that a ps that cannot be
+  reached does not keep the others from hearing; a ps exits when all
+  workers have posted. Returns None when the global step cannot be read.
   """
-  try:
-    with tf1.Session(master, config=config) as sess:
-      sess.run(close_tokens)
-      step = sess.run(global_step)
-      sess.run(post_done)
-      return int(step)
-  except tf.errors.OpError as e:
-    print('Warning: could not tell the ps tasks that this worker is done: '
-          '%s' % str(e).splitlines()[0], file=sys.stderr)
-    return None
+  def run(op, what):
+    try:
+      return sess.run(op)
+    except tf.errors.OpError as e:
+      print('Warning: could not %s: %s' % (what, str(e).splitlines()[0]),
+            file=sys.stderr, flush=True)
+      return None
+
+  with tf1.Session(master, config=config) as sess:
+    run(close_tokens, 'release the workers waiting for a token')
+    step = run(global_step, 'read the global step')
+    for i, post in enumerate(posts):
+      run(post, 'tell ps %d that this worker is done' % i)
+  return None if step is None else int(step)

@@ -17,9 +17,10 @@ import tensorflow as tf
 
 tf1 = tf.compat.v1
 
-# A variable is split into slices of at least this many bytes (and never
-# into more slices than there are ps tasks): about 64 KiB keeps small
-# variables whole, where splitting would cost a message per slice per step.
+# A variable of more than this many bytes is split, into ceil(bytes / this)
+# slices but never more than there are ps tasks (min_max_variable_partitioner's
+# rule): 64 KiB keeps small variables whole, where splitting would cost a
+# message per slice per step.
 MIN_SLICE_BYTES = 64 << 10
 
 

@@ -153,11 +153,10 @@ def check_flags():
     if getattr(FLAGS, name) < 1:
       raise cluster_config.UsageError('--%s must be at least 1 (got %d)' %
                                       (name, getattr(FLAGS, name)))
-  if (FLAGS.eval_interval_secs < 0 or FLAGS.intra_op_threads < 0 or
-      FLAGS.num_gpus < 0):
-    raise cluster_config.UsageError(
-        '--eval_interval_secs, --intra_op_threads and --num_gpus must be 0 '
-        'or more')
+  for name in ('eval_interval_secs', 'intra_op_threads', 'num_gpus'):
+    if getattr(FLAGS, name) < 0:
+      raise cluster_config.UsageError('--%s must be 0 or more (got %s)' %
+                                      (name, getattr(FLAGS, name)))
   task = cluster_config.resolve_task(
       FLAGS.job_name, FLAGS.task_index, FLAGS.ps_hosts, FLAGS.worker_hosts,
       FLAGS.replicas_to_aggregate, FLAGS.existing_servers)
@@ -275,7 +274,7 @@ def train_worker(task, cluster):
   train_dir = os.path.abspath(FLAGS.train_dir)
   graph = build_graph(task, cluster)
   if cluster is not None:
-    close_tokens, post_done = cluster_runtime.done_ops(
+    close_tokens, posts = cluster_runtime.done_ops(
         len(task.ps_hosts), task_index, graph.sync_opt if is_chief else None)
   config = cluster_runtime.session_config(
       'worker', task_index, task.worker_hosts if cluster else None,
@@ -304,7 +303,7 @@ def train_worker(task, cluster):
   finally:
     if cluster is not None:
       final_step = cluster_runtime.tell_cluster_done(
-          master, config, close_tokens, post_done, graph.global_step)
+          master, config, close_tokens, posts, graph.global_step)
   if cluster is None:
     final_step = tf.train.load_variable(train_dir, 'global_step')
   if final_step is None:

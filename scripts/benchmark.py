@@ -230,7 +230,7 @@ def markdown(results):
   out += ['', '| startup and shutdown (1 ps + 2 workers, sync) | seconds |',
           '|---|---|',
           '| import TensorFlow | %.1f |' % s['import_secs'],
-          '| launch to the chief\'s first step | %.1f |' % s['first_step_secs'],
+          '| launch to the first step (any worker) | %.1f |' % s['first_step_secs'],
           '| the same, beyond importing TensorFlow | %.1f |' %
           s['first_step_beyond_import_secs'],
           '| last step to every process gone | %.1f |' % s['shutdown_secs'],

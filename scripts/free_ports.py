@@ -16,6 +16,7 @@ import socket
 import sys
 
 LOWEST = 10000  # Above the well-known and most registered service ports.
+TRIES = 10000
 
 
 def ephemeral_low():
@@ -38,14 +39,22 @@ def is_free(port):
 
 
 def free_ports(n):
-  """Returns n distinct ports, free now, below the ephemeral range."""
-  high = max(LOWEST + 1000, ephemeral_low())
+  """Returns n distinct ports, free now, below the ephemeral range.
+
+  Raises:
+    RuntimeError: when that range has too few free ports.
+  """
+  high = ephemeral_low()
+  low = LOWEST if high - LOWEST >= 1000 else 1024  # A machine set up oddly.
   ports = []
-  while len(ports) < n:
-    port = random.randrange(LOWEST, high)
+  for _ in range(TRIES):
+    port = random.randrange(low, high)
     if port not in ports and is_free(port):
       ports.append(port)
-  return ports
+      if len(ports) == n:
+        return ports
+  raise RuntimeError('found only %d free ports in %d..%d' % (len(ports), low,
+                                                             high - 1))
 
 
 if __name__ == '__main__':

@@ -49,6 +49,11 @@ train_distributed.py on free localhost ports and waits for them.
 
 Flags after -- go to every train_distributed.py process, e.g.
   scripts/run_local_cluster.sh --synthetic -- --fresh_start --log_frequency=50
+except three that the script reads itself, in any spelling absl accepts:
+--fresh_start (the script deletes --train_dir before starting anything),
+--train_dir and --data_dir (the script uses them, and passes them on). A
+flag the trainer does not know makes every task exit 1 at start; the script
+then names it and exits 1.
 EOF
 }
 
@@ -91,7 +96,8 @@ done
 # or write into the directory the chief is deleting).
 fresh_start=0
 trainer_flags=()
-set -- "${extra[@]}"
+# (${a[@]+"${a[@]}"}: an empty array under set -u, on bash before 4.4 too.)
+set -- ${extra[@]+"${extra[@]}"}
 while (($#)); do
   flag=${1#-}; flag=${flag#-}
   case $flag in
@@ -149,7 +155,7 @@ flags=(--ps_hosts="$ps_hosts" --worker_hosts="$worker_hosts"
 ((async)) && flags+=(--nosync_replicas)
 [ -n "$replicas_to_aggregate" ] && flags+=(--replicas_to_aggregate="$replicas_to_aggregate")
 ((num_gpus > 0)) && flags+=(--num_gpus=1)  # Each worker sees one GPU.
-flags+=("${trainer_flags[@]}")
+flags+=(${trainer_flags[@]+"${trainer_flags[@]}"})
 
 names=()
 declare -A pid status

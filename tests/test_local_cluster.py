@@ -7,6 +7,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -25,13 +26,14 @@ FAST = ['--batch_size=16', '--', '--num_preprocess_threads=2',
 
 
 def run_script(tmp_path, data_dir, *args):
-  """Starts the script in its own folder; returns (Popen, log path)."""
+  """Starts the script in its own folder and process group; returns it."""
   log = open(tmp_path / 'script.out', 'w')
   proc = subprocess.Popen(
       ['bash', SCRIPT, '--data_dir=' + data_dir,
        '--train_dir=' + str(tmp_path / 'train'),
        '--log_dir=' + str(tmp_path / 'logs')] + list(args),
-      stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path))
+      stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path),
+      start_new_session=True)
   log.close()
   return proc
 
@@ -43,44 +45,22 @@ def processes_mentioning(text):
   return [int(p) for p in out.stdout.split()]
 
 
-def descendants(pid):
-  """PIDs of the live descendants of pid, from /proc."""
-  children = {}
-  for entry in os.listdir('/proc'):
-    try:
-      with open('/proc/%s/stat' % entry) as f:
-        # pid (comm) state ppid ...: comm may hold spaces, so split after it.
-        ppid = int(f.read().rsplit(')', 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-      continue
-    children.setdefault(ppid, []).append(int(entry))
-  found, todo = [], [pid]
-  while todo:
-    for child in children.get(todo.pop(), []):
-      found.append(child)
-      todo.append(child)
-  return found
-
-
 @pytest.fixture
 def script_procs():
-  """Kills, by PID, each script and what it started, whatever happens.
+  """Kills each script and every task it started, whatever happens.
 
-  The script's tasks are found as its descendants before it is killed:
-  once it is gone they would belong to init.
+  The script runs in a process group of its own, whose ID is its PID; the
+  tasks it starts stay in that group, so they are found even after the
+  script itself has exited.
   """
   started = []
   yield started
   for proc in started:
-    if proc.poll() is None:
-      left = descendants(proc.pid)
-      os.kill(proc.pid, signal.SIGKILL)
-      proc.wait()
-      for pid in left:
-        try:
-          os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-          pass
+    try:
+      os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+    proc.wait()
 
 
 def wait_for(path, text, proc, timeout):
@@ -202,11 +182,11 @@ def test_evaluator_counts_every_test_record_exactly_once(tmp_path, tiny_data):
   common = ['--data_dir=' + tiny_data, '--train_dir=' + train_dir,
             '--batch_size=16', '--num_preprocess_threads=2']
   trainer = os.path.join(ROOT, 'train_distributed.py')
-  subprocess.run(['python3', trainer, '--ps_hosts=', '--max_steps=8'] + common,
-                 check=True, capture_output=True)
-  out = subprocess.run(['python3', trainer, '--job_name=evaluator',
+  subprocess.run([sys.executable, trainer, '--ps_hosts=', '--max_steps=8'] +
+                 common, check=True, capture_output=True, timeout=120)
+  out = subprocess.run([sys.executable, trainer, '--job_name=evaluator',
                         '--run_once'] + common, check=True,
-                       capture_output=True, text=True).stdout
+                       capture_output=True, text=True, timeout=120).stdout
   got = re.search(r'step 8, loss = (\d+\.\d\d) ,Test accuracy = (\d\.\d{4}) '
                   r'\((\d+) examples\)', out)
   assert got, out

@@ -119,7 +119,10 @@ def test_shape_trains_to_max_steps_and_resumes(procs, tiny_data, tmp_path,
               if f.startswith('events.out.tfevents')]) == 1
   results = [json.loads(l) for l in open(
       os.path.join(train_dir, 'eval', 'results.jsonl'))]
-  assert results[-1]['step'] == step and results[-1]['examples'] == 50
+  # (Asynchronous: the evaluator may stop at a checkpoint of step 10 written
+  # before the last one, which the other worker's update made step 11.)
+  assert 10 <= results[-1]['step'] <= step
+  assert results[-1]['examples'] == 50
   before = tf.train.load_variable(train_dir,
                                   'InceptionResnetV2/Logits/weights')
 
