@@ -69,7 +69,7 @@ def build(images, labels, num_ps, is_chief, learning_rate, sync=None):
                                      dropout_keep_prob=DROPOUT_KEEP_PROB)
   loss = cifar10_model.loss(logits, labels)
   accuracy = tf.reduce_mean(tf.cast(
-      tf1.nn.in_top_k(logits, labels, 1), tf.float32), name='accuracy')
+      tf1.nn.in_top_k(logits, labels, 1), tf.float32), name='batch_accuracy')
   initial, steps, factor = learning_rate
   lr = tf1.train.exponential_decay(initial, global_step, steps, factor,
                                    staircase=True)
@@ -90,6 +90,7 @@ def build(images, labels, num_ps, is_chief, learning_rate, sync=None):
     # The step this training step reached: read after it, not beside it.
     step_after = global_step.read_value()
   tf1.summary.scalar('loss', loss)
+  # Not the op's name: a summary named like an op gets a suffix (accuracy_1).
   tf1.summary.scalar('accuracy', accuracy)
   tf1.summary.scalar('learning_rate', lr)
   return TrainingGraph(global_step, loss, accuracy, step_after,
