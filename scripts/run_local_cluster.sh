@@ -20,6 +20,7 @@ replicas_to_aggregate=
 num_gpus=0
 async=0
 synthetic=0
+tensorboard=  # A port, with --tensorboard.
 extra=()
 
 usage() {
@@ -45,6 +46,9 @@ train_distributed.py on free localhost ports and waits for them.
   --num_gpus=N               GPUs on this machine; worker i sees only GPU i % N
                              through CUDA_VISIBLE_DEVICES, the ps tasks and the
                              evaluator see none (default: $num_gpus)
+  --tensorboard[=PORT]       also start TensorBoard on --train_dir at
+                             http://localhost:PORT (default port: 6006); it
+                             stops with the rest
   -h, --help                 this help
 
 Flags after -- go to every train_distributed.py process, e.g.
@@ -64,7 +68,7 @@ die() {
 
 set_option() {  # set_option NAME VALUE
   case $1 in
-    num_ps|num_workers|max_steps|batch_size|replicas_to_aggregate|num_gpus)
+    num_ps|num_workers|max_steps|batch_size|replicas_to_aggregate|num_gpus|tensorboard)
       [[ $2 =~ ^[0-9]+$ ]] || die "--$1 needs a number, got '$2'"
       printf -v "$1" '%s' "$2" ;;
     data_dir|train_dir|log_dir)
@@ -79,6 +83,7 @@ while (($#)); do
     -h|--help) usage; exit 0 ;;
     --async) async=1 ;;
     --synthetic) synthetic=1 ;;
+    --tensorboard) tensorboard=6006 ;;
     --) shift; extra=("$@"); break ;;
     --*=*) key=${1%%=*}; set_option "${key#--}" "${1#*=}" ;;
     --*) (($# >= 2)) || die "$1 needs a value"
@@ -160,6 +165,7 @@ flags+=(${trainer_flags[@]+"${trainer_flags[@]}"})
 names=()
 declare -A pid status
 tail_pid=
+tensorboard_pid=
 start() {  # start NAME CUDA_VISIBLE_DEVICES TRAINER_FLAGS...
   local name=$1 gpus=$2
   shift 2
@@ -190,6 +196,10 @@ stop_all() {  # Stops what this script started, by PID: TERM, then KILL.
     fi
   done
   [ -n "$tail_pid" ] && kill "$tail_pid" 2> /dev/null
+  if [ -n "$tensorboard_pid" ]; then  # Nothing to save: no grace period.
+    kill -KILL "$tensorboard_pid" 2> /dev/null
+    wait "$tensorboard_pid" 2> /dev/null
+  fi
 }
 interrupted() {
   echo "run_local_cluster.sh: $1: stopping the cluster" >&2
@@ -211,6 +221,12 @@ for ((i = num_workers - 1; i >= 0; i--)); do
   start "worker$i" "$gpus" --job_name=worker --task_index=$i "${flags[@]}"
 done
 start evaluator "" --job_name=evaluator "${flags[@]}"
+if [ -n "$tensorboard" ]; then
+  "$python" -m tensorboard.main --logdir="$train_dir" --host=localhost \
+    --port="$tensorboard" > "$log_dir/tensorboard.log" 2>&1 &
+  tensorboard_pid=$!
+  echo "TensorBoard: http://localhost:$tensorboard/ (log: $log_dir/tensorboard.log)"
+fi
 
 # The chief's progress and the evaluator's results, until this script ends.
 tail -n +1 -F "$log_dir/worker0.log" "$log_dir/evaluator.log" 2> /dev/null \

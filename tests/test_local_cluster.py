@@ -9,13 +9,15 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import cifar10_model
-from conftest import ROOT
+from conftest import ROOT, free_ports
 
 tf1 = tf.compat.v1
 
@@ -159,12 +161,27 @@ def test_a_failing_worker_fails_the_script_and_leaves_no_process(
                                        (signal.SIGINT, 130)])
 def test_interrupting_the_script_stops_everything_it_started(
     tmp_path, tiny_data, script_procs, sig, code):
-  proc = run_script(tmp_path, tiny_data, '--max_steps=100000', *FAST)
+  tensorboard, = free_ports(1)
+  proc = run_script(tmp_path, tiny_data, '--max_steps=100000',
+                    '--tensorboard=%d' % tensorboard, *FAST)
   script_procs.append(proc)
   wait_for(str(tmp_path / 'script.out'), 'Train accuracy', proc, 120)
   out = (tmp_path / 'script.out').read_text()
+  assert 'TensorBoard: http://localhost:%d/' % tensorboard in out
   ports = [int(p) for p in re.findall(r'localhost:(\d+)', out)]
-  assert len(ports) == 3
+  assert len(ports) == 4
+  # TensorBoard answers, with the chief's scalars once it has read them.
+  deadline = time.time() + 60
+  tags = {}
+  while 'loss' not in tags.get('.', {}) and time.time() < deadline:
+    try:
+      with urllib.request.urlopen('http://localhost:%d/data/plugin/scalars/'
+                                  'tags' % tensorboard, timeout=5) as r:
+        tags = json.load(r)
+    except (urllib.error.URLError, ConnectionError):
+      pass
+    time.sleep(0.5)
+  assert 'loss' in tags.get('.', {}), tags
   proc.send_signal(sig)
   assert proc.wait(timeout=30) == code
   assert not processes_mentioning(str(tmp_path))

@@ -1,0 +1,70 @@
+"""TensorBoard, as requirements.txt installs it, serves a run's scalars."""
+
+import json
+import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from conftest import free_ports
+from test_cluster import FAST
+
+CHIEF_TAGS = {'loss', 'accuracy', 'learning_rate', 'examples/sec'}
+EVAL_TAGS = {'test/accuracy', 'test/loss'}
+
+
+def get(port, path, **query):
+  url = 'http://127.0.0.1:%d%s?%s' % (port, path,
+                                      urllib.parse.urlencode(query))
+  with urllib.request.urlopen(url, timeout=10) as response:
+    return json.load(response)
+
+
+def wait_for_tags(port, procs, timeout=90):
+  """Polls TensorBoard's scalar tags until both runs are loaded."""
+  deadline = time.time() + timeout
+  tags = {}
+  while time.time() < deadline:
+    try:
+      tags = get(port, '/data/plugin/scalars/tags')
+    except (urllib.error.URLError, ConnectionError):
+      pass  # Not listening yet.
+    if CHIEF_TAGS <= set(tags.get('.', {})) and EVAL_TAGS <= set(
+        tags.get('eval', {})):
+      return tags
+    assert procs.procs['tensorboard'].poll() is None, procs.tails()
+    time.sleep(0.5)
+  pytest.fail('TensorBoard never served %s; it served %s' % (
+      sorted(CHIEF_TAGS | EVAL_TAGS), tags))
+
+
+def test_tensorboard_serves_the_chief_and_evaluator_scalars(procs, tiny_data,
+                                                            tmp_path):
+  train_dir = str(tmp_path / 'train')
+  common = ['--data_dir=' + tiny_data, '--train_dir=' + train_dir] + FAST
+  procs.trainer('single', '--ps_hosts=', '--max_steps=20',
+                '--save_summaries_steps=5', *common)
+  assert procs.wait_all(timeout=120) == {'single': 0}, procs.tails()
+  procs.trainer('evaluator', '--job_name=evaluator', '--run_once', *common)
+  assert procs.wait_all(timeout=120)['evaluator'] == 0, procs.tails()
+  port, = free_ports(1)
+  procs.start('tensorboard', ['-m', 'tensorboard.main', '--logdir', train_dir,
+                              '--host', '127.0.0.1', '--port', str(port)])
+
+  tags = wait_for_tags(port, procs)
+  # The input queues report how full they are.
+  assert any('shuffle_batch/fraction_over_' in t for t in tags['.']), tags
+  loss = get(port, '/data/plugin/scalars/scalars', run='.', tag='loss')
+  steps = [step for _, step, _ in loss]
+  # Every --save_summaries_steps, from the first step on.
+  assert len(steps) >= 3 and steps[0] <= 1, steps
+  assert all(b - a == 5 for a, b in zip(steps, steps[1:])), steps
+  test = get(port, '/data/plugin/scalars/scalars', run='eval',
+             tag='test/accuracy')
+  with open(os.path.join(train_dir, 'eval', 'results.jsonl')) as f:
+    result = json.loads(f.read().splitlines()[-1])
+  assert [(step, round(value, 6)) for _, step, value in test] == [
+      (20, round(result['accuracy'], 6))]
