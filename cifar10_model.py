@@ -8,6 +8,8 @@ BatchNorm, dropout only acts in training, and inference mode normalizes with
 the moving statistics.
 """
 
+import warnings
+
 import tensorflow as tf
 from tensorflow.python.framework import ops as _tf_ops
 
@@ -22,6 +24,10 @@ if not hasattr(_tf_ops, 'Tensor'):
   _tf_ops.Tensor = tf.Tensor
 
 import tf_slim as slim  # pylint: disable=g-import-not-at-top
+
+# tf-slim's layers call `layer.apply`, which TensorFlow deprecates with a
+# UserWarning on first use: nothing a user of this network can act on.
+warnings.filterwarnings('ignore', message='`layer.apply` is deprecated')
 
 tf1 = tf.compat.v1
 

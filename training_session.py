@@ -17,6 +17,8 @@ import threading
 
 import tensorflow as tf
 
+import tf_log_filter
+
 tf1 = tf.compat.v1
 
 # How often a worker that waits for the chief to initialize the model looks
@@ -217,8 +219,8 @@ class StopOnSignal(tf1.train.SessionRunHook):
 
   def _watch(self, read_fd):
     signum = os.read(read_fd, 1)[0]
-    threading.Thread(target=lambda: os._exit(128 + os.read(read_fd, 1)[0]),
-                     daemon=True, name='second_signal').start()
+    threading.Thread(target=self._exit_now, args=(read_fd,), daemon=True,
+                     name='second_signal').start()
     message = '%s: %s' % (self._name, signal.Signals(signum).name)
     if self._scaffold is not None and self._session is not None:
       if self._wait_for_step:
@@ -235,5 +237,13 @@ class StopOnSignal(tf1.train.SessionRunHook):
         message += ': could not write a checkpoint (%s)' % (
             str(e).splitlines()[0])
     print(message + '; exiting', file=sys.stderr, flush=True)
+    self._exit(signum)
+
+  def _exit_now(self, read_fd):
+    self._exit(os.read(read_fd, 1)[0])
+
+  @staticmethod
+  def _exit(signum):
     sys.stdout.flush()
+    tf_log_filter.drain()  # os._exit skips atexit: get the last lines out.
     os._exit(128 + signum)  # The main thread may be blocked in a step.

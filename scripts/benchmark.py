@@ -34,7 +34,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, 'scripts'))
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')
+import tf_log_filter  # pylint: disable=g-import-not-at-top,wrong-import-position
+if __name__ == '__main__':
+  tf_log_filter.install()  # Before TensorFlow loads: see tf_log_filter.py.
 
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position

@@ -109,3 +109,15 @@ def procs(tmp_path):
   p = Processes(str(tmp_path))
   yield p
   p.kill_all()
+
+
+@pytest.fixture
+def flags():
+  """train_distributed's flags at their defaults, as in a fresh process."""
+  import train_distributed  # pylint: disable=g-import-not-at-top
+  values = train_distributed.FLAGS
+  for name in values:
+    values[name].unparse()
+  yield values
+  for name in values:
+    values[name].unparse()

@@ -4,9 +4,9 @@ import json
 import os
 
 import pytest
-import yaml
 
 from conftest import ROOT
+import manifests
 
 import cluster_config
 import train_distributed
@@ -89,17 +89,6 @@ def test_malformed_tf_config_says_what_is_wrong(text, message):
   assert message in str(e.value)
 
 
-@pytest.fixture
-def flags():
-  """train_distributed's flags at their defaults, as in a fresh process."""
-  values = train_distributed.FLAGS
-  for name in values:
-    values[name].unparse()
-  yield values
-  for name in values:
-    values[name].unparse()
-
-
 def test_flags_on_the_command_line_win_over_tf_config(flags, monkeypatch,
                                                       capsys):
   monkeypatch.setenv('TF_CONFIG', json.dumps(
@@ -153,12 +142,8 @@ def test_malformed_tf_config_gives_one_line_and_exit_2(procs, tmp_path):
 
 # The TFJob manifest: what it runs must be what the trainer accepts.
 
-MANIFEST = os.path.join(ROOT, 'deploy', 'tfjob.yaml')
-
-
 def manifest_documents():
-  with open(MANIFEST) as f:
-    return [d for d in yaml.safe_load_all(f) if d]
+  return manifests.documents('tfjob.yaml')
 
 
 def tfjob():
@@ -168,10 +153,7 @@ def tfjob():
 
 
 def container(replica_spec):
-  containers = replica_spec['template']['spec']['containers']
-  # The training operator finds the trainer by this container name.
-  assert [c['name'] for c in containers] == ['tensorflow']
-  return containers[0]
+  return manifests.trainer(replica_spec['template'])
 
 
 def test_manifest_shape_one_ps_two_gpu_workers_one_evaluator():
@@ -186,22 +168,16 @@ def test_manifest_shape_one_ps_two_gpu_workers_one_evaluator():
   assert gpus == {'PS': 0, 'Worker': 1, 'Evaluator': 0}
   # Every replica mounts the shared volume, the ps too: it writes the
   # checkpoint shards of the variables it holds.
-  claims = {d['metadata']['name'] for d in manifest_documents()
-            if d['kind'] == 'PersistentVolumeClaim'}
-  assert len(claims) == 1
-  for role, spec in specs.items():
-    volumes = spec['template']['spec']['volumes']
-    assert [v['persistentVolumeClaim']['claimName'] for v in volumes] == list(
-        claims), role
-    mounts = container(spec)['volumeMounts']
-    assert [m['mountPath'] for m in mounts] == ['/shared'], role
+  (claim,) = [d['metadata']['name'] for d in manifest_documents()
+              if d['kind'] == 'PersistentVolumeClaim']
+  for spec in specs.values():
+    manifests.assert_mounts_the_claim(spec['template'], claim)
 
 
 def manifest_argv(role):
   """The trainer's arguments in the manifest's command for `role`."""
-  command = container(tfjob()['spec']['tfReplicaSpecs'][role])['command']
-  assert command[:2] == ['python', 'train_distributed.py'], command
-  return command[2:]
+  return manifests.trainer_argv(container(tfjob()['spec']['tfReplicaSpecs'][
+      role]))
 
 
 @pytest.mark.parametrize('role, index, job_name, task_index', [
@@ -233,24 +209,13 @@ def test_manifest_commands_parse_and_take_the_cluster_from_tf_config(
 def test_manifest_init_containers_fetch_the_data_into_the_shared_volume():
   specs = tfjob()['spec']['tfReplicaSpecs']
   for role in ('Worker', 'Evaluator'):
-    init = specs[role]['template']['spec']['initContainers']
-    assert len(init) == 1
-    assert init[0]['volumeMounts'] == container(specs[role])['volumeMounts']
-    data_dir = [a for a in manifest_argv(role) if a.startswith('--data_dir=')]
-    assert init[0]['command'] == ['python', 'scripts/download_cifar10.py'
-                                 ] + data_dir, role
+    manifests.assert_init_fetches_the_data(specs[role]['template'])
 
 
 def test_manifest_lets_only_the_jobs_own_pods_reach_its_ports():
   # The operator labels every pod of the job with its name.
   label = {'training.kubeflow.org/job-name': tfjob()['metadata']['name']}
-  policies = [d for d in manifest_documents() if d['kind'] == 'NetworkPolicy']
-  assert len(policies) == 1
-  spec = policies[0]['spec']
-  assert spec['podSelector'] == {'matchLabels': label}
-  assert spec['policyTypes'] == ['Ingress']
-  assert spec['ingress'] == [{'from': [{'podSelector': {
-      'matchLabels': label}}]}]
+  assert manifests.ingress_only_among(manifest_documents()) == label
 
 
 def test_dockerfile_copies_what_the_manifest_runs():
