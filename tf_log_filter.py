@@ -36,8 +36,12 @@ import sys
 CPP_LOG_LINE = re.compile(rb'^([IWEF])\d{4} [\d:.]+ +\d+ ([\w./-]+):\d+\] ')
 LEVELS = {b'I': 0, b'W': 1, b'E': 2, b'F': 3}
 # The lines after a log line that belong to it: a status's node list
-# (`\t [[{{node ...}}]]`), cpu_feature_guard's second line.
-CONTINUATION = re.compile(rb'^(\t|To enable the following instructions: )')
+# (`\t [[{{node ...}}]]`), the details of an error from another task,
+# cpu_feature_guard's second line.
+CONTINUATION = re.compile(
+    rb'^(\t|Additional GRPC error information from remote target |'
+    rb':UNKNOWN:Error received from peer |'
+    rb'To enable the following instructions: )')
 ABSL_BANNER = (b'WARNING: All log messages before absl::InitializeLog() is '
                b'called are written to STDERR')
 
@@ -58,6 +62,8 @@ BENIGN = [(re.compile(f), re.compile(m)) for f, m in [
     # SyncReplicasOptimizer drops gradients computed on an older global
     # step, as it is built to do (backup workers, a restarted worker).
     (rb'conditional_accumulator_base\.cc', rb'current_global_step_ to smaller'),
+    # --trace_steps on a machine or a task with no GPU.
+    (rb'xplane_to_step_stats\.cc', rb'GPU trace was not collected'),
 ]]
 
 # What drain() writes to stderr for the filter to answer on the ack pipe.

@@ -130,6 +130,9 @@ flags.DEFINE_float('eval_interval_secs', 5,
                    'Evaluator: how often to look for a new checkpoint.')
 flags.DEFINE_boolean('run_once', False,
                      'Evaluator: evaluate the latest checkpoint and exit.')
+flags.DEFINE_list('trace_steps', [],
+                  'Worker: its own steps (from 1) to write a Chrome trace '
+                  'of, into --train_dir, e.g. 50,51.')
 
 
 def apply_tf_config():
@@ -161,6 +164,10 @@ def check_flags():
     if getattr(FLAGS, name) < 0:
       raise cluster_config.UsageError('--%s must be 0 or more (got %s)' %
                                       (name, getattr(FLAGS, name)))
+  if not all(s.isdigit() and int(s) >= 1 for s in FLAGS.trace_steps):
+    raise cluster_config.UsageError(
+        '--trace_steps must be step numbers from 1, e.g. 50,51 (got %s)' %
+        ','.join(FLAGS.trace_steps))
   task = cluster_config.resolve_task(
       FLAGS.job_name, FLAGS.task_index, FLAGS.ps_hosts, FLAGS.worker_hosts,
       FLAGS.replicas_to_aggregate, FLAGS.existing_servers)
@@ -261,6 +268,9 @@ def make_hooks(graph, scaffold, train_dir, task_index, single_process):
               tf1.train.SummarySaverHook(
                   save_steps=FLAGS.save_summaries_steps, output_dir=train_dir,
                   scaffold=scaffold)]
+  if FLAGS.trace_steps:
+    hooks.append(training_session.TraceSteps(
+        [int(s) for s in FLAGS.trace_steps], train_dir, task_index))
   # Last: its after_run comes after every other hook's checkpoint writes.
   hooks.append(training_session.StopOnSignal(
       'Worker %d' % task_index,

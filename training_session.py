@@ -5,8 +5,9 @@ stock pieces get wrong at start, at a lost task and at the end:
 SyncReplicasHook starts and stops the chief's sync thread cleanly;
 SessionCreator polls for the chief every 0.5 s instead of 30 s and says when
 the cluster comes back; ReportLostTask turns TensorFlow's INFO note about a
-lost task into one line; StopOnSignal makes SIGINT/SIGTERM checkpoint (on
-the chief) and exit even while a step is blocked.
+lost task into one line; TraceSteps writes Chrome traces of chosen steps;
+StopOnSignal makes SIGINT/SIGTERM checkpoint (on the chief) and exit even
+while a step is blocked.
 """
 
 import logging
@@ -16,6 +17,7 @@ import sys
 import threading
 
 import tensorflow as tf
+from tensorflow.python.client import timeline
 
 import tf_log_filter
 
@@ -145,6 +147,43 @@ class SessionCreator(tf1.train.SessionCreator):
       print('Worker 0: restored the model at global step %d' % session.run(
           tf1.train.get_global_step()), file=sys.stderr, flush=True)
     return session
+
+
+class TraceSteps(tf1.train.SessionRunHook):
+  """Writes a Chrome trace of some of this worker's steps into train_dir.
+
+  The step runs with FULL_TRACE, so the trace has every op of it on every
+  device it touched: this worker's compute, the ps tasks' reads of the
+  variables and applies of the gradients, the transfers between them, and
+  waiting for the synchronous token. TensorFlow's ProfilerHook traces every
+  N global steps; this traces the worker's own step numbers, so each worker
+  writes one file for each, whichever worker ran which global step.
+  """
+
+  def __init__(self, steps, train_dir, task_index):
+    """Args: steps: local step numbers, from 1; task_index: this worker's."""
+    self._steps = set(steps)
+    self._train_dir = train_dir
+    self._task_index = task_index
+    self._local_step = 0
+
+  def before_run(self, run_context):
+    self._local_step += 1
+    if self._local_step in self._steps:
+      return tf1.train.SessionRunArgs(None, options=tf1.RunOptions(
+          trace_level=tf1.RunOptions.FULL_TRACE))
+    return None
+
+  def after_run(self, run_context, run_values):
+    if self._local_step not in self._steps:
+      return
+    trace = timeline.Timeline(run_values.run_metadata.step_stats)
+    path = os.path.join(self._train_dir, 'trace_worker%d_step%d.json' % (
+        self._task_index, self._local_step))
+    with open(path, 'w') as f:
+      f.write(trace.generate_chrome_trace_format())
+    print('Worker %d: wrote the trace of its step %d to %s' % (
+        self._task_index, self._local_step, path), flush=True)
 
 
 class StopOnSignal(tf1.train.SessionRunHook):

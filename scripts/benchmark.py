@@ -7,12 +7,17 @@ Prints a Markdown table and writes the numbers as JSON:
   memory (no augmentation: an upper bound);
 - training images/s, steady state, summed over the workers: one process
   (--ps_hosts=), 1 ps + 1 worker, 1 ps + 2 workers and 2 ps + 2 workers,
-  synchronous and asynchronous, each also as a ratio to the single process;
+  synchronous and asynchronous, each also as a ratio to the single process
+  in the same round; --rounds rounds, the median reported;
 - startup: seconds from launching a 1 ps + 2 worker synchronous cluster to
   its first step, minus the time to import TensorFlow; shutdown:
   from the last step to every process gone;
 - bytes moved between a worker and the ps per step, and what that costs on
-  1 Gb/s and 10 Gb/s networks.
+  1 Gb/s and 10 Gb/s networks;
+- slow networks (root and iproute2): 1 and 2 ps + 2 synchronous workers,
+  every task a host of its own (network_namespaces.py) on links limited to
+  each --network_rates rate, beside what the bytes predict; a PNG of
+  images/s against the rate. Skipped, saying why, elsewhere.
 
 Absolute numbers depend on the machine and whatever else runs on it; the
 ratios, measured minutes apart on the same machine, are what to compare.
@@ -26,6 +31,7 @@ import json
 import os
 import platform
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,18 +50,21 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-posi
 import cifar10_input  # pylint: disable=g-import-not-at-top,wrong-import-position
 import cifar10_model  # pylint: disable=g-import-not-at-top,wrong-import-position
 from free_ports import free_ports  # pylint: disable=g-import-not-at-top,wrong-import-position
+import network_namespaces  # pylint: disable=g-import-not-at-top,wrong-import-position
+import ps_placement  # pylint: disable=g-import-not-at-top,wrong-import-position
 import make_synthetic_cifar10  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 tf1 = tf.compat.v1
+NETWORK_RATES = '10000,1000,100'  # Mbit/s: 10 Gbit/s, 1 Gbit/s, 100 Mbit/s.
 TRAINER = os.path.join(ROOT, 'train_distributed.py')
 PROGRESS = re.compile(r'^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}): step (\d+), '
                       r'loss = ', re.M)
 
 
-def import_seconds():
-  """Wall time of a fresh `import tensorflow` (the best of two)."""
+def import_seconds(tries):
+  """Wall time of a fresh `import tensorflow` (the best of tries)."""
   times = []
-  for _ in range(2):
+  for _ in range(tries):
     start = time.time()
     subprocess.run([sys.executable, '-c', 'import tensorflow'], check=True,
                    capture_output=True)
@@ -130,12 +139,30 @@ def bytes_per_step():
     cifar10_model.inference(tf1.placeholder(tf.float32, [1, 32, 32, 3]))
     trainable = sum(int(np.prod(v.shape)) for v in tf1.trainable_variables())
   return {'trainable_parameters': trainable, 'pull': trainable * 4,
-          'push': trainable * 4}
+          'push': trainable * 4,
+          'largest_ps_share': {n: max(trainable_bytes_per_ps(n)) / (
+              trainable * 4) for n in (1, 2)}}
+
+
+def trainable_bytes_per_ps(num_ps):
+  """The trainable bytes each ps holds, placed as the trainer places them."""
+  cluster = tf.train.ClusterSpec({'ps': ['ps%d:1' % i for i in range(num_ps)],
+                                  'worker': ['worker0:1']})
+  with tf.Graph().as_default(), tf1.device(ps_placement.device_setter(
+      cluster, '/job:worker/task:0')), tf1.variable_scope(
+          '', partitioner=ps_placement.partitioner(num_ps)):
+    cifar10_model.inference(tf1.placeholder(tf.float32, [1, 32, 32, 3]))
+    return [size for _, size in ps_placement.ps_loads(
+        tf1.trainable_variables(), num_ps)]
 
 
 def run_training(name, data_dir, work, num_ps, num_workers, steps,
-                 batch_size, extra):
-  """Runs a training job in subprocesses; returns its measurements."""
+                 batch_size, extra, network=None):
+  """Runs a training job in subprocesses; returns its measurements.
+
+  With a network_namespaces.Network, each task runs on a host of its own
+  there; otherwise all on localhost.
+  """
   train_dir = os.path.join(work, name)
   common = ['--data_dir=' + data_dir, '--train_dir=' + train_dir,
             '--max_steps=%d' % steps, '--batch_size=%d' % batch_size,
@@ -143,24 +170,29 @@ def run_training(name, data_dir, work, num_ps, num_workers, steps,
             '--save_summaries_steps=%d' % (steps * 10)] + extra
   tasks = []
   if num_ps == 0:
-    tasks.append(('worker0', ['--ps_hosts=']))
+    tasks.append(('worker0', ['--ps_hosts='], []))
   else:
-    ports = free_ports(num_ps + num_workers)
-    hosts = ['--ps_hosts=' + ','.join('localhost:%d' % p
-                                     for p in ports[:num_ps]),
-             '--worker_hosts=' + ','.join('localhost:%d' % p
-                                         for p in ports[num_ps:])]
-    tasks += [('ps%d' % i, hosts + ['--job_name=ps', '--task_index=%d' % i])
-              for i in range(num_ps)]
-    tasks += [('worker%d' % i, hosts + ['--job_name=worker',
-                                        '--task_index=%d' % i])
-              for i in range(num_workers)]
+    names = (['ps%d' % i for i in range(num_ps)] +
+             ['worker%d' % i for i in range(num_workers)])
+    if network:
+      addresses = [network.add_host(n, 10 + i) for i, n in enumerate(names)]
+    else:
+      addresses = ['localhost:%d' % p for p in free_ports(len(names))]
+    hosts = ['--ps_hosts=' + ','.join(addresses[:num_ps]),
+             '--worker_hosts=' + ','.join(addresses[num_ps:])]
+    for task in names:
+      job = task.rstrip('0123456789')
+      index = task[len(job):]
+      tasks.append((task, hosts + ['--job_name=' + job,
+                                   '--task_index=' + index],
+                    network.exec_prefix(task) if network else []))
   launched = time.time()
-  run_tasks(name, work, [(task, flags + common) for task, flags in tasks],
+  run_tasks(name, work, [(task, prefix, flags + common)
+                         for task, flags, prefix in tasks],
             timeout=60 + steps * 10)
   gone = time.time()
   lines = [progress_times(os.path.join(work, '%s-%s.log' % (name, task)))
-           for task, _ in tasks if task.startswith('worker')]
+           for task, _, _ in tasks if task.startswith('worker')]
   # Steady state: the second half of each worker's steps. (In a short
   # asynchronous run a late worker may get one step or none: it adds none.)
   rate = 0.0
@@ -176,17 +208,19 @@ def run_training(name, data_dir, work, num_ps, num_workers, steps,
 
 
 def run_tasks(name, work, tasks, timeout):
-  """Starts the trainer once per (task, flags); waits for all to exit 0.
+  """Starts the trainer once per (task, command prefix, flags); waits for
+  all to exit 0.
 
   Raises:
     RuntimeError: with the end of the log of a task that failed or hung.
   """
   procs = {}
   try:
-    for task, flags in tasks:
+    for task, prefix, flags in tasks:
       with open(os.path.join(work, '%s-%s.log' % (name, task)), 'w') as log:
-        procs[task] = subprocess.Popen([sys.executable, TRAINER] + flags,
-                                       stdout=log, stderr=subprocess.STDOUT)
+        procs[task] = subprocess.Popen(
+            prefix + [sys.executable, TRAINER] + flags, stdout=log,
+            stderr=subprocess.STDOUT)
     for task, proc in procs.items():
       try:
         code = proc.wait(timeout=timeout)
@@ -211,6 +245,116 @@ def progress_times(log_path):
             for t, _ in PROGRESS.findall(f.read())]
 
 
+# --- Slow networks ----------------------------------------------------------
+
+def train_over_links(data_dir, work, steps, batch_sizes, rates, extra):
+  """1 and 2 ps + 2 synchronous workers, every task a host of its own on
+  links of each rate (Mbit/s), at each batch size; returns [measurements],
+  or why it can't.
+
+  The hosts share this machine's cores: two workers computing at once take
+  about twice as long per step as each would on a machine of its own. Run
+  at half the batch, a step computes about as long as the full batch would
+  there, against the same bytes on the wire (the whole model, whatever the
+  batch), which is the balance a real cluster has; at a quarter, the
+  balance of workers twice as fast (or with a GPU).
+  """
+  why = network_namespaces.why_unavailable()
+  runs = []
+  links = [(b, m, p) for b in batch_sizes for m in rates for p in (1, 2)]
+  for batch_size, mbit, num_ps in ([] if why else links):
+    name = '%d ps + 2 workers, sync, %s, batch %d' % (
+        num_ps, link_name(mbit), batch_size)
+    print('Training: %s...' % name, flush=True)
+    network = network_namespaces.Network(rate_mbit=mbit)
+    try:
+      network.make_hub()
+    except RuntimeError as e:
+      network.close()
+      why = 'cannot make network namespaces here: %s' % e
+      break
+    try:
+      run = run_training(re.sub(r'\W+', '_', name), data_dir, work, num_ps,
+                         2, steps, batch_size, extra, network)
+    finally:
+      network.close()
+    run.update(name=name, num_ps=num_ps, mbit=mbit, batch_size=batch_size,
+               ms_per_step=1e3 * 2 * batch_size / run['images_per_sec'])
+    runs.append(run)
+  if why:
+    print('Slow networks: skipped, %s' % why, flush=True)
+    return {'skipped': why}
+  return {'runs': runs}
+
+
+def measure_networks(args, data_dir, work, extra, bytes_):
+  """The slow-network runs the command line asks for; returns (their batch
+  sizes, their measurements with predictions)."""
+  rates = args.network_rates if not (
+      args.quick and args.network_rates == NETWORK_RATES) else '100'
+  batch_sizes = ([int(b) for b in args.network_batch_sizes.split(',')]
+                 if args.network_batch_sizes else
+                 [max(1, args.batch_size // d)
+                  for d in ((2,) if args.quick else (2, 4))])
+  network = train_over_links(
+      data_dir, work, args.network_steps or (10 if args.quick else 60),
+      batch_sizes, [int(r) for r in rates.split(',') if r], extra)
+  predict_network(network, bytes_)
+  return batch_sizes, network
+
+
+def link_name(mbit):
+  return '%g Gbit/s' % (mbit / 1000) if mbit >= 1000 else '%d Mbit/s' % mbit
+
+
+def predict_network(network, bytes_):
+  """Adds to each run what the bytes moved predict for a step's transfers.
+
+  Per global step each worker pulls the variables and pushes as many bytes
+  of gradients; a ps's link carries its share of both, for both workers.
+  The pull comes before the compute and the push after it, so the busiest
+  link's time for each adds up: 2 x its bytes each way over the rate.
+  """
+  model = bytes_['pull']
+  for run in network.get('runs', []):
+    ps_link = bytes_['largest_ps_share'][run['num_ps']] * model * 2
+    busiest = max(ps_link, model)
+    run['predicted_network_ms'] = 2 * busiest * 8 / (run['mbit'] * 1e6) * 1e3
+  by_link = {}
+  for run in network.get('runs', []):
+    by_link.setdefault((run['mbit'], run['batch_size']), {})[
+        run['num_ps']] = run
+  for pair in by_link.values():
+    if len(pair) == 2:
+      pair[2]['speedup_over_1_ps'] = (pair[2]['images_per_sec'] /
+                                      pair[1]['images_per_sec'])
+
+
+def plot_network(network, path):
+  """Images/s against link rate, a line per ps count and batch (PNG)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(6, 4))
+  lines = sorted({(r['batch_size'], r['num_ps']) for r in network['runs']},
+                 reverse=True)
+  for batch_size, num_ps in lines:
+    runs = sorted((r['mbit'], r['images_per_sec']) for r in network['runs']
+                  if (r['batch_size'], r['num_ps']) == (batch_size, num_ps))
+    ax.plot([m for m, _ in runs], [i for _, i in runs], marker='o',
+            linestyle='-' if num_ps == 2 else '--',
+            label='%d ps + 2 workers, batch %d' % (num_ps, batch_size))
+  ax.set_xscale('log')
+  ax.set_xlabel('link rate of every task (Mbit/s)')
+  ax.set_ylabel('images/s (both workers)')
+  ax.set_ylim(bottom=0)
+  ax.grid(True, which='both', alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
 def markdown(results):
   """Formats the results as Markdown tables."""
   out = ['Machine: %s, %d cores; TensorFlow %s; batch %d; %d steps per '
@@ -221,12 +365,15 @@ def markdown(results):
   need = results['training']['single process']['images_per_sec']
   for name, rate in results['input'].items():
     out.append('| %s | %.0f | %.1fx |' % (name, rate, rate / need))
-  out += ['', '| training | images/s | x single process |', '|---|---|---|']
+  out += ['', '| training (median of %d rounds) | images/s | x single '
+          'process | x in each round |' % results['rounds'],
+          '|---|---|---|---|']
   for name, r in results['training'].items():
     per_gpu = ('; %.0f per GPU' % r['images_per_gpu']
                if 'images_per_gpu' in r else '')
-    out.append('| %s | %.0f%s | %.2fx |' % (name, r['images_per_sec'],
-                                             per_gpu, r['ratio']))
+    out.append('| %s | %.0f%s | %.2fx | %s |' % (
+        name, r['images_per_sec'], per_gpu, r['ratio'],
+        ', '.join('%.2f' % x for x in r['ratios'])))
   s = results['startup']
   b = results['bytes']
   out += ['', '| startup and shutdown (1 ps + 2 workers, sync) | seconds |',
@@ -242,7 +389,21 @@ def markdown(results):
           ((b['pull'] + b['push']) / 1e6),
           '| on 1 Gb/s | %.1f ms |' % b['ms_at_1gbps'],
           '| on 10 Gb/s | %.2f ms |' % b['ms_at_10gbps']]
-  return '\n'.join(out)
+  return '\n'.join(out + network_markdown(results['network']))
+
+
+def network_markdown(network):
+  """The slow-network table, or the line that says why there is none."""
+  if 'skipped' in network:
+    return ['', 'Slow networks: not measured (%s).' % network['skipped']]
+  out = ['', '| every task on its own link | images/s | ms per step | '
+         'transfers predicted, ms | x 1 ps |', '|---|---|---|---|---|']
+  for r in network['runs']:
+    out.append('| %s | %.0f | %.0f | %.0f | %s |' % (
+        r['name'], r['images_per_sec'], r['ms_per_step'],
+        r['predicted_network_ms'], '%.2fx' % r['speedup_over_1_ps']
+        if 'speedup_over_1_ps' in r else ''))
+  return out
 
 
 def parse_args(argv):
@@ -256,9 +417,28 @@ def parse_args(argv):
   parser.add_argument('--batch_size', type=int, default=128)
   parser.add_argument('--steps', type=int,
                       help='global steps per training run (default: 40 with '
-                      '--quick, 200 without)')
+                      '--quick, 120 without)')
+  parser.add_argument('--rounds', type=int,
+                      help='times each training configuration runs, '
+                      'interleaved; the median counts (default: 1 with '
+                      '--quick, 3 without)')
   parser.add_argument('--num_gpus', type=int, default=0,
                       help='GPUs per machine, passed to the trainer')
+  parser.add_argument('--network_rates', default=NETWORK_RATES,
+                      help='link rates in Mbit/s for the slow-network runs '
+                      '(needs root and iproute2; empty: none; default: '
+                      '%(default)s, with --quick 100)')
+  parser.add_argument('--network_steps', type=int,
+                      help='global steps per slow-network run (default: 10 '
+                      'with --quick, 60 without)')
+  parser.add_argument('--network_batch_sizes',
+                      help='batches per worker in the slow-network runs, '
+                      'comma-separated (default: half and a quarter of '
+                      '--batch_size, with --quick half: see '
+                      'train_over_links)')
+  parser.add_argument('--plot', default='benchmark_network.png',
+                      help='where to draw images/s against link rate '
+                      '(default: %(default)s)')
   parser.add_argument('--json', default='benchmark.json',
                       help='where to write the numbers (default: '
                       '%(default)s)')
@@ -269,8 +449,8 @@ def main(argv=None):
   args = parse_args(argv)
   tf1.disable_eager_execution()
   tf.get_logger().setLevel('ERROR')
-  steps = args.steps or (40 if args.quick else 200)
-  seconds = 3 if args.quick else 10
+  steps = args.steps or (40 if args.quick else 120)
+  seconds = 1 if args.quick else 10
   extra = ['--num_gpus=%d' % args.num_gpus] if args.num_gpus else []
 
   with tempfile.TemporaryDirectory(prefix='cifar10-benchmark-') as work:
@@ -282,7 +462,8 @@ def main(argv=None):
     results = {'machine': platform.processor() or platform.machine(),
                'cores': len(os.sched_getaffinity(0)),
                'tensorflow': tf.__version__, 'batch_size': args.batch_size,
-               'steps': steps, 'num_gpus': args.num_gpus}
+               'steps': steps, 'num_gpus': args.num_gpus,
+               'rounds': args.rounds or (1 if args.quick else 3)}
     print('Input pipelines...', flush=True)
     results['input'] = {
         'queue, 16 threads (the trainer\'s)': queue_records_per_sec(
@@ -293,9 +474,9 @@ def main(argv=None):
                                                                   seconds),
     }
     results['training'] = train_all(data_dir, work, steps, args.batch_size,
-                                    extra, args.num_gpus)
+                                    extra, args.num_gpus, results['rounds'])
     sync = results['training']['1 ps + 2 workers, sync']
-    imports = import_seconds()
+    imports = import_seconds(1 if args.quick else 2)
     results['startup'] = {
         'import_secs': imports,
         'first_step_secs': sync['first_step_secs'],
@@ -306,6 +487,11 @@ def main(argv=None):
     b['ms_at_1gbps'] = bits / 1e9 * 1e3
     b['ms_at_10gbps'] = bits / 1e10 * 1e3
     results['bytes'] = b
+    results['network_batch_sizes'], results['network'] = measure_networks(
+        args, data_dir, work, extra, b)
+  if results['network'].get('runs'):
+    plot_network(results['network'], args.plot)
+    print('Wrote %s' % args.plot)
   table = markdown(results)
   print(table)
   with open(args.json, 'w') as f:
@@ -314,26 +500,40 @@ def main(argv=None):
   return 0
 
 
-def train_all(data_dir, work, steps, batch_size, extra, num_gpus):
-  """Runs every training configuration; returns {name: measurements}."""
+def train_all(data_dir, work, steps, batch_size, extra, num_gpus, rounds):
+  """Runs every training configuration, round after round; returns
+  {name: measurements}, each the median of the rounds.
+
+  One round runs each configuration once, so a slow minute of the machine
+  weighs on all configurations of a round alike; a ratio to the single
+  process is taken within a round, and its median over the rounds is the
+  one reported.
+  """
   runs = [('single process', 0, 1, []),
           ('1 ps + 1 worker', 1, 1, []),
           ('1 ps + 2 workers, sync', 1, 2, []),
           ('1 ps + 2 workers, async', 1, 2, ['--nosync_replicas']),
           ('2 ps + 2 workers, sync', 2, 2, []),
           ('2 ps + 2 workers, async', 2, 2, ['--nosync_replicas'])]
+  measured = {name: [] for name, _, _, _ in runs}
+  for i in range(rounds):
+    for name, num_ps, num_workers, flags in runs:
+      print('Training, round %d of %d: %s...' % (i + 1, rounds, name),
+            flush=True)
+      measured[name].append(run_training(
+          '%s_%d' % (re.sub(r'\W+', '_', name), i), data_dir, work, num_ps,
+          num_workers, steps, batch_size, flags + extra))
   training = {}
-  for name, num_ps, num_workers, flags in runs:
-    print('Training: %s...' % name, flush=True)
-    training[name] = run_training(
-        name.replace(' ', '_').replace(',', ''), data_dir, work, num_ps,
-        num_workers, steps, batch_size, flags + extra)
-  single = training['single process']['images_per_sec']
-  for (name, _, num_workers, _) in runs:
-    r = training[name]
-    r['ratio'] = r['images_per_sec'] / single
+  for name, _, num_workers, _ in runs:
+    ratios = [r['images_per_sec'] / s['images_per_sec'] for r, s in
+              zip(measured[name], measured['single process'])]
+    training[name] = {
+        key: statistics.median(r[key] for r in measured[name])
+        for key in ('images_per_sec', 'first_step_secs', 'shutdown_secs')}
+    training[name].update(ratio=statistics.median(ratios), ratios=ratios)
     if num_gpus:
-      r['images_per_gpu'] = r['images_per_sec'] / min(num_workers, num_gpus)
+      training[name]['images_per_gpu'] = (training[name]['images_per_sec'] /
+                                          min(num_workers, num_gpus))
   return training
 
 

@@ -5,7 +5,6 @@ import os
 import re
 
 import numpy as np
-import pytest
 import tensorflow as tf
 
 from conftest import free_ports
@@ -126,27 +125,42 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(procs, tiny_data,
     assert np.all(np.isfinite(reader.get_tensor(name))), name
 
 
-@pytest.mark.parametrize('flags, message', [
-    (['--job_name=boss', '--task_index=0'], '--job_name must be ps, worker or evaluator'),
-    (['--task_index=0'], '--job_name must be ps, worker or evaluator'),
-    (['--job_name=worker'], '--task_index must be 0..1'),
-    (['--job_name=worker', '--task_index=2'], '--task_index must be 0..1'),
-    (['--job_name=worker', '--task_index=0',
-      '--worker_hosts=localhost:1,localhost'], 'is not hostname:port'),
-    (['--job_name=worker', '--task_index=0', '--batch_size=0'],
-     '--batch_size must be at least 1'),
-    (['--job_name=worker', '--task_index=0', '--replicas_to_aggregate=3'],
-     '--replicas_to_aggregate must be 1..2'),
-    (['--job_name=worker', '--task_index=0', '--data_dir=/nonexistent'],
-     'data directory /nonexistent does not exist'),
-])
-def test_bad_flags_give_one_line_and_exit_2(procs, tmp_path, flags, message):
-  procs.trainer('bad', '--train_dir=' + str(tmp_path / 'train'), *flags)
-  assert procs.wait_all(timeout=60) == {'bad': 2}
-  log = procs.log('bad')
-  errors = [l for l in log.splitlines() if l.startswith('Error: ')]
-  assert len(errors) == 1 and message in errors[0], log
-  assert 'Traceback' not in log
+BAD_FLAGS = {
+    'unknown_job': (['--job_name=boss', '--task_index=0'],
+                    '--job_name must be ps, worker or evaluator'),
+    'no_job': (['--task_index=0'], '--job_name must be ps, worker or evaluator'),
+    'no_task_index': (['--job_name=worker'], '--task_index must be 0..1'),
+    'task_index_too_big': (['--job_name=worker', '--task_index=2'],
+                           '--task_index must be 0..1'),
+    'host_without_port': (['--job_name=worker', '--task_index=0',
+                           '--worker_hosts=localhost:1,localhost'],
+                          'is not hostname:port'),
+    'batch_size_0': (['--job_name=worker', '--task_index=0',
+                      '--batch_size=0'], '--batch_size must be at least 1'),
+    'too_many_replicas': (['--job_name=worker', '--task_index=0',
+                           '--replicas_to_aggregate=3'],
+                          '--replicas_to_aggregate must be 1..2'),
+    'no_data': (['--job_name=worker', '--task_index=0',
+                 '--data_dir=/nonexistent'],
+                'data directory /nonexistent does not exist'),
+    'bad_trace_steps': (['--job_name=worker', '--task_index=0',
+                         '--trace_steps=5,0'],
+                        '--trace_steps must be step numbers from 1'),
+}
+
+
+def test_bad_flags_give_one_line_and_exit_2(procs, tmp_path):
+  # Each case is a process of its own; all start at once, since each spends
+  # its few seconds importing TensorFlow before it finds its flags wrong.
+  for case, (flags, _) in BAD_FLAGS.items():
+    procs.trainer(case, '--train_dir=' + str(tmp_path / case), *flags)
+  assert procs.wait_all(timeout=120) == dict.fromkeys(BAD_FLAGS, 2)
+  for case, (_, message) in BAD_FLAGS.items():
+    log = procs.log(case)
+    errors = [l for l in log.splitlines() if l.startswith('Error: ')]
+    assert len(errors) == 1 and message in errors[0], (case, log)
+    assert 'Traceback' not in log, (case, log)
+    assert not (tmp_path / case).exists(), case  # Nothing written.
 
 
 def test_fresh_start_empties_train_dir_and_starts_over(procs, tiny_data,

@@ -1,7 +1,9 @@
 """Faults: killed and restarted tasks, signals, bad input. Each bounded."""
 
 import os
+import shutil
 import signal
+import socket
 import time
 
 import pytest
@@ -206,59 +208,72 @@ def write_other_model_checkpoint(train_dir):
       saver.save(sess, os.path.join(train_dir, 'model.ckpt'), global_step=7)
 
 
-@pytest.mark.parametrize('case, message', [
-    ('port_taken', 'could not start the ps 0 server'),
-    ('train_dir_is_a_file', 'cannot create --train_dir='),
-    ('other_model', 'holds a checkpoint of a different model'),
-    ('truncated', 'not a positive multiple of the 3073-byte'),
+MORE_BAD_INPUT = {
+    'port_taken': 'could not start the ps 0 server',
+    'train_dir_is_a_file': 'cannot create --train_dir=',
+    'other_model': 'holds a checkpoint of a different model',
+    'truncated': 'not a positive multiple of the 3073-byte',
     # One more GPU than this machine shows.
-    ('too_many_gpus', '--num_gpus=%d but %d GPU(s) are visible' % (
-        VISIBLE_GPUS + 1, VISIBLE_GPUS)),
-    ('fresh_start_bad_data', 'data directory /nonexistent does not exist'),
-    ('evaluator_other_model', 'is a checkpoint of a different model'),
-])
-def test_more_bad_input(procs, tiny_data, tmp_path, case, message):
-  import shutil  # pylint: disable=g-import-not-at-top
-  import socket  # pylint: disable=g-import-not-at-top
-  train_dir = tmp_path / 'train'
+    'too_many_gpus': '--num_gpus=%d but %d GPU(s) are visible' % (
+        VISIBLE_GPUS + 1, VISIBLE_GPUS),
+    'fresh_start_bad_data': 'data directory /nonexistent does not exist',
+    'evaluator_other_model': 'is a checkpoint of a different model',
+}
+
+
+def bad_input_case(case, tiny_data, train_dir, taken):
+  """Prepares the case's files; returns (data_dir, the trainer's flags).
+
+  Args:
+    taken: A listening socket whose port the port_taken case asks for.
+  """
   data_dir = tiny_data
   args = ['--ps_hosts=', '--max_steps=5']
   if case == 'port_taken':
-    sock = socket.socket()
-    sock.bind(('', 0))
-    sock.listen()
     port, = free_ports(1)
     args = ['--job_name=ps', '--task_index=0',
-            '--ps_hosts=localhost:%d' % sock.getsockname()[1],
+            '--ps_hosts=localhost:%d' % taken.getsockname()[1],
             '--worker_hosts=localhost:%d' % port]
   elif case == 'train_dir_is_a_file':
     train_dir.write_text('not a directory')
-  elif case == 'other_model':
+  elif case in ('other_model', 'evaluator_other_model',
+                'fresh_start_bad_data'):
     train_dir.mkdir()
     write_other_model_checkpoint(str(train_dir))
   elif case == 'truncated':
-    data_dir = str(tmp_path / 'data')
+    data_dir = str(train_dir) + '_data'
     shutil.copytree(tiny_data, data_dir)
     with open(os.path.join(data_dir, 'data_batch_3.bin'), 'r+b') as f:
       f.truncate(3073 * 2 + 100)
   elif case == 'too_many_gpus':
     args.append('--num_gpus=%d' % (VISIBLE_GPUS + 1))
-  elif case == 'evaluator_other_model':  # It would wait forever.
-    train_dir.mkdir()
-    write_other_model_checkpoint(str(train_dir))
+  if case == 'evaluator_other_model':  # It would wait forever.
     args = ['--job_name=evaluator', '--eval_interval_secs=0.5']
   elif case == 'fresh_start_bad_data':  # The mistake must not cost the run.
-    train_dir.mkdir()
-    write_other_model_checkpoint(str(train_dir))
     data_dir = '/nonexistent'
     args.append('--fresh_start')
-  before = sorted(os.listdir(train_dir)) if train_dir.is_dir() else None
-  procs.trainer('bad', '--data_dir=' + data_dir,
-                '--train_dir=' + str(train_dir), *args)
-  assert procs.wait_all(timeout=60) == {'bad': 2}, procs.tails()
-  log = procs.log('bad')
-  errors = [l for l in log.splitlines() if l.startswith('Error: ')]
-  assert len(errors) == 1 and message in errors[0], log
-  assert 'Traceback' not in log
-  if before is not None:  # Nothing deleted or overwritten.
-    assert sorted(os.listdir(train_dir)) == before
+  return data_dir, args
+
+
+def test_more_bad_input(procs, tiny_data, tmp_path):
+  # All cases at once, each a process of its own (as in test_cluster.py).
+  before = {}
+  with socket.socket() as taken:
+    taken.bind(('', 0))
+    taken.listen()
+    for case in MORE_BAD_INPUT:
+      train_dir = tmp_path / case
+      data_dir, args = bad_input_case(case, tiny_data, train_dir, taken)
+      if train_dir.is_dir():
+        before[case] = sorted(os.listdir(train_dir))
+      procs.trainer(case, '--data_dir=' + data_dir,
+                    '--train_dir=' + str(train_dir), *args)
+    codes = procs.wait_all(timeout=120)
+  assert codes == dict.fromkeys(MORE_BAD_INPUT, 2), procs.tails()
+  for case, message in MORE_BAD_INPUT.items():
+    log = procs.log(case)
+    errors = [l for l in log.splitlines() if l.startswith('Error: ')]
+    assert len(errors) == 1 and message in errors[0], (case, log)
+    assert 'Traceback' not in log, (case, log)
+  for case, files in before.items():  # Nothing deleted or overwritten.
+    assert sorted(os.listdir(tmp_path / case)) == files, case

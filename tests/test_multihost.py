@@ -1,95 +1,31 @@
 """Several hosts: each task in its own network namespace, joined over veth.
 
-Every host gets its own address on a bridge, as machines on one switch do,
+Every host gets its own address on a bridge (scripts/network_namespaces.py),
 and is started the way Kubernetes starts it: TF_CONFIG only, every task on
 port 2222. Needs root and iproute2 (as CI has); skipped otherwise.
 """
 
 import json
 import os
-import shutil
-import subprocess
 import time
 
 import pytest
 
+import network_namespaces
 from test_cluster import FAST, checkpoint_step
 from test_faults import last_step, steps, wait_until
 
-SUBNET = '10.77.0.'  # Exists only inside the test's own namespaces.
-PORT = 2222
 # 4 bytes per trainable parameter: a worker's read of the model, per step.
 MODEL_BYTES = 179962 * 4
-
-
-def ip(*args):
-  """Runs `ip args...`; returns its stdout, raising with its stderr."""
-  result = subprocess.run(['ip'] + list(args), capture_output=True, text=True)
-  if result.returncode:
-    raise RuntimeError('ip %s: %s' % (' '.join(args), result.stderr.strip()))
-  return result.stdout
-
-
-class Network:
-  """Hosts in namespaces, each linked to a bridge in a hub namespace."""
-
-  def __init__(self):
-    self.prefix = 'c10t%d-' % os.getpid()
-    self.hub = self.prefix + 'hub'
-    self.namespaces = []
-
-  def make_hub(self):
-    """Makes the hub namespace and its bridge; tries what the hosts need."""
-    self._add_namespace(self.hub)
-    ip('-n', self.hub, 'link', 'add', 'br0', 'type', 'bridge')
-    ip('-n', self.hub, 'link', 'set', 'br0', 'up')
-    ip('-n', self.hub, 'link', 'add', 'try0', 'type', 'veth', 'peer', 'name',
-       'try1')
-    ip('-n', self.hub, 'link', 'del', 'try0')
-    ip('netns', 'exec', self.hub, 'true')
-
-  def _add_namespace(self, name):
-    ip('netns', 'add', name)
-    self.namespaces.append(name)
-    ip('-n', name, 'link', 'set', 'lo', 'up')
-
-  def add_host(self, host, number):
-    """Makes namespace <prefix><host> with address SUBNET<number> on eth0."""
-    name = self.prefix + host
-    self._add_namespace(name)
-    ip('-n', self.hub, 'link', 'add', 'v' + host, 'type', 'veth', 'peer',
-       'name', 'eth0', 'netns', name)
-    ip('-n', self.hub, 'link', 'set', 'v' + host, 'master', 'br0', 'up')
-    ip('-n', name, 'addr', 'add', '%s%d/24' % (SUBNET, number), 'dev', 'eth0')
-    ip('-n', name, 'link', 'set', 'eth0', 'up')
-    return '%s%d:%d' % (SUBNET, number, PORT)
-
-  def exec_prefix(self, host):
-    return ['ip', 'netns', 'exec', self.prefix + host]
-
-  def set_link(self, host, state):
-    """Cuts ('down') or restores ('up') the host's cable at the bridge."""
-    ip('-n', self.hub, 'link', 'set', 'v' + host, state)
-
-  def eth0_bytes(self, host):
-    """(received, sent) bytes on the host's eth0."""
-    stats = json.loads(ip('-s', '-j', '-n', self.prefix + host, 'link',
-                          'show', 'eth0'))[0]['stats64']
-    return stats['rx']['bytes'], stats['tx']['bytes']
-
-  def close(self):
-    for name in reversed(self.namespaces):
-      subprocess.run(['ip', 'netns', 'del', name], capture_output=True)
 
 
 @pytest.fixture
 def network():
   """A Network; skips the test, saying why, where namespaces can't be made."""
-  if shutil.which('ip') is None:
-    pytest.skip('needs the ip command (iproute2) to make network namespaces')
-  if os.geteuid() != 0:
-    pytest.skip('needs root to make network namespaces and veth pairs')
-  net = Network()
+  why = network_namespaces.why_unavailable()
+  if why:
+    pytest.skip(why)
+  net = network_namespaces.Network()
   try:
     try:
       net.make_hub()

@@ -23,12 +23,13 @@ LOADS = re.compile(r'^Worker 0: ps (\d+) holds (\d+) variables, (\d+) bytes',
 
 SYNC, ASYNC = [], ['--nosync_replicas']
 BACKUP = ['--replicas_to_aggregate=2']
+TRACE = ['--trace_steps=3']
 
 # (first launch, second launch), each (ps tasks, workers, flags); the async
 # cluster is described by TF_CONFIG, the others by the four cluster flags.
 SHAPES = {
     '1ps_2workers_sync': ((1, 2, SYNC), (1, 2, SYNC)),
-    '2ps_2workers_sync': ((2, 2, SYNC), (2, 2, SYNC)),
+    '2ps_2workers_sync_traced': ((2, 2, SYNC + TRACE), (2, 2, SYNC)),
     '2ps_3workers_backup_then_1ps_2workers': ((2, 3, BACKUP), (1, 2, SYNC)),
     '3ps_2workers_async_tf_config': ((3, 2, ASYNC), (3, 2, ASYNC)),
     '1ps_4workers_sync_then_2ps_2workers': ((1, 4, SYNC), (2, 2, SYNC)),
@@ -87,6 +88,32 @@ def assert_balanced(chief_log, num_ps):
     assert max(b for _, _, b in loads) <= 0.6 * total, loads
 
 
+def assert_traced(train_dir, shape):
+  """Each worker wrote a Chrome trace of its step 3 with its compute; and
+  the traces show each ps's side of the transfers.
+
+  (A trace holds a remote task's part of the step when that task returns
+  its step stats in time; under a loaded CI machine one may come without.)
+  """
+  num_ps, num_workers, _ = shape
+  ps_sides = []
+  for i in range(num_workers):
+    with open(os.path.join(train_dir, 'trace_worker%d_step3.json' % i)) as f:
+      events = json.load(f)['traceEvents']
+    rows = {e['pid']: e['args']['name'] for e in events
+            if e.get('ph') == 'M' and e.get('name') == 'process_name'}
+    ops = {}
+    for e in events:
+      if e.get('ph') == 'X':
+        ops.setdefault(rows[e['pid']], set()).add(e['args']['op'])
+    worker = '/job:worker/replica:0/task:%d/device:CPU:0 Compute' % i
+    assert {'Conv2D', 'Conv2DBackpropFilter', 'RecvTensor'} <= ops[worker]
+    ps_sides.append([{'RecvTensor', 'ResourceAccumulatorApplyGradient'} <=
+                     ops.get('/job:ps/replica:0/task:%d/device:CPU:0 '
+                             'Compute' % t, set()) for t in range(num_ps)])
+  assert [True] * num_ps in ps_sides, ps_sides
+
+
 def assert_steps(shape, name_step, step, max_steps):
   """Sync: the checkpoint holds exactly max_steps. Async: the other
   workers' updates may land while the chief names and writes the last one.
@@ -123,6 +150,8 @@ def test_shape_trains_to_max_steps_and_resumes(procs, tiny_data, tmp_path,
   # before the last one, which the other worker's update made step 11.)
   assert 10 <= results[-1]['step'] <= step
   assert results[-1]['examples'] == 50
+  if TRACE[0] in first[2]:
+    assert_traced(train_dir, first)
   before = tf.train.load_variable(train_dir,
                                   'InceptionResnetV2/Logits/weights')
 

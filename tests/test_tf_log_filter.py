@@ -41,6 +41,16 @@ CHATTER = [
     b'W0000 00:00:1796093234.858992    8455 local_rendezvous.cc:412] Local '
     b'rendezvous is aborting with status: ABORTED: Cleanup 9774408963617968 '
     b"[type.googleapis.com/tensorflow.DerivedStatus='']\n",
+    # A status passed on from another task, its details over three lines.
+    b'W0000 00:00:1796094050.123456   8462 local_rendezvous.cc:412] Local '
+    b'rendezvous is aborting with status: CANCELLED: \n'
+    b'Additional GRPC error information from remote target /job:ps/replica:0'
+    b'/task:1 while calling /tensorflow.WorkerService/RecvTensor:\n'
+    b':UNKNOWN:Error received from peer  {grpc_message:"TakeGrad operation '
+    b'was cancelled\\n\\t [[{{node cifar10_sync_replicas/ResourceAccumulator'
+    b'TakeGradient_9}}]]", grpc_status:1}\n'
+    b"\t [[GradientDescent/update/NoOp_1_S164]] [type.googleapis.com/"
+    b"tensorflow.DerivedStatus='']\n",
     b'W1201 02:47:15.001122   8462 grpc_worker_service.cc:536] RecvTensor '
     b'cancelled for 99404793507463870\n',
     b'W1201 02:47:15.001122   8462 queue_base.cc:286] sync_token_q: Skipping '
@@ -52,7 +62,11 @@ CHATTER = [
 
 REAL = [
     b'W1201 02:47:15.001122   8462 local_rendezvous.cc:412] Local rendezvous '
-    b'is aborting with status: UNAVAILABLE: Socket closed\n',
+    b'is aborting with status: UNAVAILABLE: Socket closed\n'
+    b'Additional GRPC error information from remote target /job:worker/'
+    b'replica:0/task:1 while calling /tensorflow.WorkerService/RecvTensor:\n'
+    b':UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"Socket '
+    b'closed"}\n',
     b'E1201 02:47:15.001122   8462 master_session.cc:1972] Cleanup partition '
     b'error: UNAVAILABLE: sendmsg: Connection reset by peer (104)\n',
     b'E1201 02:47:15.001122   8462 grpc_server_lib.cc:618] UNKNOWN: Could not '

@@ -1,0 +1,124 @@
+"""Hosts on one machine: network namespaces on a bridge, links of a set rate.
+
+Each host is a network namespace with its own address on eth0, cabled by a
+veth pair to a bridge in a hub namespace, as machines on one switch are. A
+task runs on a host under `ip netns exec`. A link can be cut and restored,
+and limited to a rate in both directions (a token bucket, `tc qdisc tbf`, on
+each end of the veth pair), so that a cluster can be measured over 10 Gbit/s
+or 100 Mbit/s links instead of loopback. Needs root and iproute2; the
+addresses exist only inside these namespaces.
+
+Used by tests/test_multihost.py and scripts/benchmark.py.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+
+SUBNET = '10.77.0.'
+
+
+def ip(*args):
+  """Runs `ip args...`; returns its stdout, raising with its stderr."""
+  return _run(['ip'] + list(args))
+
+
+def _run(command):
+  result = subprocess.run(command, capture_output=True, text=True)
+  if result.returncode:
+    raise RuntimeError('%s: %s' % (' '.join(command), result.stderr.strip()))
+  return result.stdout
+
+
+def why_unavailable():
+  """None where namespaces can be made; else why not, in a few words."""
+  if shutil.which('ip') is None:
+    return 'needs the ip command (iproute2) to make network namespaces'
+  if os.geteuid() != 0:
+    return 'needs root to make network namespaces and veth pairs'
+  return None
+
+
+class Network:
+  """Hosts in namespaces, each linked to a bridge in a hub namespace."""
+
+  def __init__(self, port=2222, rate_mbit=None):
+    """Args: port: every host's; rate_mbit: each host's link, if limited."""
+    self.prefix = 'c10t%d-' % os.getpid()
+    self.hub = self.prefix + 'hub'
+    self.port = port
+    self.rate_mbit = rate_mbit
+    self.namespaces = []
+
+  def make_hub(self):
+    """Makes the hub namespace and its bridge; tries what the hosts need.
+
+    Raises:
+      RuntimeError: where this machine cannot make them (no privilege, no
+        veth or bridge support).
+    """
+    self._add_namespace(self.hub)
+    ip('-n', self.hub, 'link', 'add', 'br0', 'type', 'bridge')
+    ip('-n', self.hub, 'link', 'set', 'br0', 'up')
+    ip('-n', self.hub, 'link', 'add', 'try0', 'type', 'veth', 'peer', 'name',
+       'try1')
+    ip('-n', self.hub, 'link', 'del', 'try0')
+    ip('netns', 'exec', self.hub, 'true')
+
+  def _add_namespace(self, name):
+    ip('netns', 'add', name)
+    self.namespaces.append(name)
+    ip('-n', name, 'link', 'set', 'lo', 'up')
+
+  def add_host(self, host, number):
+    """Makes namespace <prefix><host> with address SUBNET<number> on eth0.
+
+    Returns:
+      The host's 'address:port' for the cluster's host lists.
+    """
+    name = self.prefix + host
+    self._add_namespace(name)
+    ip('-n', self.hub, 'link', 'add', 'v' + host, 'type', 'veth', 'peer',
+       'name', 'eth0', 'netns', name)
+    ip('-n', self.hub, 'link', 'set', 'v' + host, 'master', 'br0', 'up')
+    ip('-n', name, 'addr', 'add', '%s%d/24' % (SUBNET, number), 'dev', 'eth0')
+    ip('-n', name, 'link', 'set', 'eth0', 'up')
+    if self.rate_mbit:
+      self.limit_rate(host, self.rate_mbit)
+    return '%s%d:%d' % (SUBNET, number, self.port)
+
+  def exec_prefix(self, host):
+    """The command prefix that runs a program on the host."""
+    return ['ip', 'netns', 'exec', self.prefix + host]
+
+  def set_link(self, host, state):
+    """Cuts ('down') or restores ('up') the host's cable at the bridge."""
+    ip('-n', self.hub, 'link', 'set', 'v' + host, state)
+
+  def limit_rate(self, host, mbit):
+    """Limits the host's link to mbit Mbit/s each way, as a NIC would.
+
+    A token bucket on each end's egress: the host's eth0 (what it sends)
+    and the bridge's port (what it receives). The bucket holds 10 ms of
+    traffic, and at least 256 KiB: veth hands over segments of up to 64 KiB
+    (segmentation offload), and a smaller bucket would drop them.
+    """
+    burst = max(256 << 10, int(mbit * 1e6 / 8 / 100))
+    for namespace, device in ((self.prefix + host, 'eth0'),
+                              (self.hub, 'v' + host)):
+      _run(['tc', '-n', namespace, 'qdisc', 'replace', 'dev', device, 'root',
+            'tbf', 'rate', '%dmbit' % mbit, 'burst', str(burst),
+            'latency', '100ms'])
+
+  def eth0_bytes(self, host):
+    """(received, sent) bytes on the host's eth0."""
+    stats = json.loads(ip('-s', '-j', '-n', self.prefix + host, 'link',
+                          'show', 'eth0'))[0]['stats64']
+    return stats['rx']['bytes'], stats['tx']['bytes']
+
+  def close(self):
+    """Deletes every namespace made, and with them the links."""
+    for name in reversed(self.namespaces):
+      subprocess.run(['ip', 'netns', 'del', name], capture_output=True)
+    self.namespaces = []
