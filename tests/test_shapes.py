@@ -27,8 +27,9 @@ TRACE = ['--trace_steps=3']
 
 # (first launch, second launch), each (ps tasks, workers, flags); the async
 # cluster is described by TF_CONFIG, the others by the four cluster flags.
+# (1 ps + 2 workers, the default shape, is what test_faults.py,
+# test_multihost.py and test_local_cluster.py start.)
 SHAPES = {
-    '1ps_2workers_sync': ((1, 2, SYNC), (1, 2, SYNC)),
     '2ps_2workers_sync_traced': ((2, 2, SYNC + TRACE), (2, 2, SYNC)),
     '2ps_3workers_backup_then_1ps_2workers': ((2, 3, BACKUP), (1, 2, SYNC)),
     '3ps_2workers_async_tf_config': ((3, 2, ASYNC), (3, 2, ASYNC)),
