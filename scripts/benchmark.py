@@ -315,8 +315,9 @@ def predict_network(network, bytes_):
 
   Per global step each worker pulls the variables and pushes as many bytes
   of gradients; a ps's link carries its share of both, for both workers.
-  The pull comes before the compute and the push after it, so the busiest
-  link's time for each adds up: 2 x its bytes each way over the rate.
+  Counted one after the other, as if nothing overlapped: 2 x the busiest
+  link's bytes each way over the rate. (The push in fact runs during the
+  backward pass, so a step may lose less than this.)
   """
   model = bytes_['pull']
   for run in network.get('runs', []):
