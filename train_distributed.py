@@ -361,7 +361,8 @@ def run_loop(sess, fetches, writer):
   local_step = 0
   start = time.time()
   while not sess.should_stop():
-    step, loss_value, accuracy_value = sess.run(fetches)
+    step, loss_value, accuracy_value = training_session.run_step(sess,
+                                                                 fetches)
     local_step += 1
     if local_step % FLAGS.log_frequency == 0:
       duration = time.time() - start

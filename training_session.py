@@ -5,7 +5,8 @@ stock pieces get wrong at start, at a lost task and at the end:
 SyncReplicasHook starts and stops the chief's sync thread cleanly;
 SessionCreator polls for the chief every 0.5 s instead of 30 s and says when
 the cluster comes back; ReportLostTask turns TensorFlow's INFO note about a
-lost task into one line; TraceSteps writes Chrome traces of chosen steps;
+lost task into one line; run_step recovers from a lost task that TensorFlow
+reports as a cancelled step; TraceSteps writes Chrome traces of chosen steps;
 StopOnSignal makes SIGINT/SIGTERM checkpoint (on the chief) and exit even
 while a step is blocked.
 """
@@ -96,11 +97,51 @@ class ReportLostTask(logging.Filter):
       return True
     message = record.getMessage()
     if message.startswith(self.PREFIX):
-      error = message.rsplit('Error: ', 1)[-1].strip().splitlines()[0]
       print('Worker %d: lost a task of the cluster (%s); waiting for it to '
-            'come back' % (self._task_index, error), file=sys.stderr,
+            'come back' % (self._task_index, self.cause(
+                message.split(' Error: ', 1)[-1])), file=sys.stderr,
             flush=True)
     return False
+
+  @staticmethod
+  def cause(error):
+    """The first thing TensorFlow's error message says, on one line.
+
+    The message opens with 'Graph execution error:' and often a line of
+    '=' before the status: 'UNAVAILABLE: From /job:ps/replica:0/task:1:',
+    then what happened on the next line: 'Socket closed'.
+    """
+    lines = [l.strip() for l in error.splitlines()
+             if l.strip() and l.strip() != 'Graph execution error:'
+             and not l.startswith('=')]
+    if not lines:
+      return 'no detail'
+    if lines[0].endswith(':') and len(lines) > 1:
+      return '%s %s' % (lines[0], lines[1])
+    return lines[0]
+
+
+def run_step(sess, fetches):
+  """Runs one training step in the MonitoredSession; returns the fetches.
+
+  MonitoredSession recovers (closes the broken session, waits for the cluster,
+  creates a new one) when a step raises AbortedError or UnavailableError. A
+  step spans several tasks, and when a ps dies during it the error raised is
+  the status of whichever part of the step reported first; that can be
+  CancelledError. Measured in tests/test_faults.py: with ps 1 killed, worker
+  1 died of "CANCELLED: From /job:ps/replica:0/task:0: RecvFromRemoteAsync is
+  cancelled", with "ABORTED: ... Session handle is not found" after it.
+  Nothing in this program cancels a training step (a signal exits the
+  process), so a cancelled step is a lost task: it is raised again as
+  AbortedError inside run_step_fn, where MonitoredSession's recovery sees it.
+  """
+  def step_fn(step_context):
+    try:
+      return step_context.run_with_hooks(fetches)
+    except tf.errors.CancelledError as e:
+      raise tf.errors.AbortedError(e.node_def, e.op, e.message) from e
+
+  return sess.run_step_fn(step_fn)
 
 
 class SessionCreator(tf1.train.SessionCreator):
