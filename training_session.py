@@ -111,9 +111,8 @@ class ReportLostTask(logging.Filter):
     '=' before the status: 'UNAVAILABLE: From /job:ps/replica:0/task:1:',
     then what happened on the next line: 'Socket closed'.
     """
-    lines = [l.strip() for l in error.splitlines()
-             if l.strip() and l.strip() != 'Graph execution error:'
-             and not l.startswith('=')]
+    lines = [l for l in (l.strip() for l in error.splitlines())
+             if l and l != 'Graph execution error:' and not l.startswith('=')]
     if not lines:
       return 'no detail'
     if lines[0].endswith(':') and len(lines) > 1:

@@ -143,8 +143,9 @@ def bytes_per_step():
     trainable = sum(int(np.prod(v.shape)) for v in tf1.trainable_variables())
   return {'trainable_parameters': trainable, 'pull': trainable * 4,
           'push': trainable * 4,
-          'largest_ps_share': {n: max(trainable_bytes_per_ps(n)) / (
-              trainable * 4) for n in (1, 2)}}
+          # One ps holds everything; two hold what ps_placement gives each.
+          'largest_ps_share': {1: 1.0, 2: max(trainable_bytes_per_ps(2)) / (
+              trainable * 4)}}
 
 
 def trainable_bytes_per_ps(num_ps):

@@ -40,12 +40,31 @@ def why_unavailable():
   return None
 
 
+def prefix(pid):
+  """How the names of the namespaces that process pid makes begin."""
+  return 'c10t%d-' % pid
+
+
+def leftovers(pid):
+  """The namespaces process pid made and did not delete (it was killed)."""
+  if shutil.which('ip') is None:
+    return []
+  return [l.split()[0] for l in ip('netns', 'list').splitlines()
+          if l.startswith(prefix(pid))]
+
+
+def delete(names):
+  """Deletes the namespaces, and with them their links."""
+  for name in reversed(names):
+    subprocess.run(['ip', 'netns', 'del', name], capture_output=True)
+
+
 class Network:
   """Hosts in namespaces, each linked to a bridge in a hub namespace."""
 
   def __init__(self, port=2222, rate_mbit=None):
     """Args: port: every host's; rate_mbit: each host's link, if limited."""
-    self.prefix = 'c10t%d-' % os.getpid()
+    self.prefix = prefix(os.getpid())
     self.hub = self.prefix + 'hub'
     self.port = port
     self.rate_mbit = rate_mbit
@@ -119,6 +138,5 @@ class Network:
 
   def close(self):
     """Deletes every namespace made, and with them the links."""
-    for name in reversed(self.namespaces):
-      subprocess.run(['ip', 'netns', 'del', name], capture_output=True)
+    delete(self.namespaces)
     self.namespaces = []

@@ -7,7 +7,6 @@ checks that the script says why it skipped them.
 import json
 import os
 import signal
-import shutil
 import subprocess
 import sys
 
@@ -39,9 +38,8 @@ def test_benchmark_quick_run(tmp_path):
     proc.wait()
     # And the network namespaces of its slow-network runs, had it no time
     # to delete them.
-    leftover = namespaces('c10t%d-' % proc.pid)
-    for name in leftover:
-      subprocess.run(['ip', 'netns', 'del', name], check=False)
+    leftover = network_namespaces.leftovers(proc.pid)
+    network_namespaces.delete(leftover)
   assert proc.returncode == 0, stdout
   assert not leftover
   results = json.loads(out.read_text())
@@ -62,16 +60,6 @@ def test_benchmark_quick_run(tmp_path):
   assert 0 < startup['import_secs'] < startup['first_step_secs']
   assert startup['shutdown_secs'] >= 0
   assert_network(results, stdout, tmp_path / 'benchmark_network.png')
-
-
-def namespaces(prefix):
-  """The network namespaces whose names start with prefix."""
-  if shutil.which('ip') is None:
-    return []
-  listed = subprocess.run(['ip', 'netns', 'list'], capture_output=True,
-                          text=True).stdout
-  return [l.split()[0] for l in listed.splitlines()
-          if l.startswith(prefix)]
 
 
 def assert_network(results, stdout, plot):
