@@ -1,12 +1,19 @@
-"""The checkpoints in --train_dir: making the directory, --fresh_start, and
-whether the checkpoints there are of this model.
+"""The checkpoints in --train_dir: making the directory, --fresh_start,
+which checkpoint to resume from, and what a failed write leaves.
 
 Restoring a checkpoint of another model fails deep inside a session with a
 long traceback (the chief) or not at all (the evaluator would skip it
 forever); both check the names and shapes first and stop with one line.
+A checkpoint whose files are damaged (truncated by a crash or a full disk)
+is skipped for the newest one that reads back whole, and never deleted. A
+save that fails (disk full, read-only, quota) leaves the last good
+checkpoint as it was; its own temporary files are removed.
 """
 
+import errno
+import glob
 import os
+import re
 import shutil
 
 import tensorflow as tf
@@ -14,6 +21,10 @@ import tensorflow as tf
 
 class TrainDirError(Exception):
   """--train_dir cannot be used; reported in one line."""
+
+
+class WriteError(Exception):
+  """A checkpoint could not be written; reported in one line."""
 
 
 def prepare(train_dir, is_chief, fresh_start):
@@ -65,20 +76,133 @@ def mismatch(checkpoint, variables):
   return None
 
 
-def check_resumable(train_dir, variables):
-  """Raises TrainDirError if train_dir's latest checkpoint is not of this
-  model (variables), or cannot be read."""
-  latest = tf.train.latest_checkpoint(train_dir)
-  if not latest:
-    return
+def first_line(error):
+  """What a TensorFlow error says, on one line, without its node list."""
+  lines = [l.strip() for l in str(error).splitlines()]
+  lines = [l for l in lines if l and l != 'Graph execution error:' and
+           not l.startswith(('=', '[['))]
+  return ' '.join(lines[:2]) if lines and lines[0].endswith(':') else (
+      lines[0] if lines else 'no detail')
+
+
+def unreadable(checkpoint):
+  """Returns why checkpoint cannot be read back whole, or None.
+
+  Reads every tensor: a truncated or corrupted data file reads its index
+  fine and fails only here (or, later, deep inside a restore).
+  """
   try:
-    problem = mismatch(latest, variables)
+    reader = tf.train.load_checkpoint(checkpoint)
+    for name in reader.get_variable_to_shape_map():
+      reader.get_tensor(name)
   except (tf.errors.OpError, ValueError) as e:
-    raise TrainDirError('cannot read the checkpoint %s (%s): use another '
-                        '--train_dir or --fresh_start' % (
-                            latest, str(e).splitlines()[0]))
+    return first_line(e)
+  return None
+
+
+def step_of(checkpoint):
+  """The step in a checkpoint's name, model.ckpt-STEP; -1 without one."""
+  match = re.search(r'-(\d+)$', checkpoint)
+  return int(match.group(1)) if match else -1
+
+
+def candidates(train_dir):
+  """The checkpoints in train_dir, newest first.
+
+  Those the `checkpoint` file lists and every model.ckpt-N.index beside it:
+  a damaged or missing `checkpoint` file must not hide (and later let a new
+  run overwrite) the checkpoints themselves.
+  """
+  found = {p[:-len('.index')] for p in glob.glob(
+      os.path.join(glob.escape(train_dir), 'model.ckpt-*.index'))}
+  try:
+    state = tf.train.get_checkpoint_state(train_dir)
+  except (tf.errors.OpError, ValueError):
+    state = None
+  if state:
+    found.update(p for p in state.all_model_checkpoint_paths
+                 if os.path.exists(p + '.index'))
+  return sorted(found, key=step_of, reverse=True)
+
+
+def newest_readable(train_dir):
+  """Returns (the newest checkpoint that reads back whole or None,
+  [(path, why) of each newer one that does not])."""
+  skipped = []
+  for checkpoint in candidates(train_dir):
+    problem = unreadable(checkpoint)
+    if problem is None:
+      return checkpoint, skipped
+    skipped.append((checkpoint, problem))
+  return None, skipped
+
+
+def resume_point(train_dir, variables, say):
+  """The checkpoint the chief resumes from: the newest readable one.
+
+  Args:
+    train_dir: --train_dir.
+    variables: The model's variables, which it must hold.
+    say: Called with one line for each damaged checkpoint skipped.
+
+  Returns:
+    Its path, or None to start from scratch (no checkpoint at all).
+
+  Raises:
+    TrainDirError: when it is of another model, or none of the checkpoints
+      there can be read.
+  """
+  checkpoint, skipped = newest_readable(train_dir)
+  for path, problem in skipped:
+    say('cannot read the checkpoint %s (%s); it is left as it is' % (
+        path, problem))
+  if checkpoint is None:
+    if skipped:
+      raise TrainDirError(
+          'none of the %d checkpoint(s) in --train_dir=%s can be read: move '
+          'them away to start over, or --fresh_start to delete them' % (
+              len(skipped), train_dir))
+    return None
+  problem = mismatch(checkpoint, variables)
   if problem:
     raise TrainDirError(
         '--train_dir=%s holds a checkpoint of a different model (%s): use '
         'another --train_dir, or --fresh_start to delete it' % (train_dir,
                                                                 problem))
+  return checkpoint
+
+
+# What the OS says when a write cannot be done; TensorFlow ends its status
+# message with it.
+WRITE_FAILURES = [os.strerror(e) for e in (
+    errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM,
+    errno.EFBIG, errno.EIO)]
+# TensorFlow's atomic writes (the `checkpoint` file, graph.pbtxt) go
+# through NAME.tmp<uuid>, left behind when the write itself fails.
+ATOMIC_TEMP = re.compile(r'^(checkpoint|graph\.pbtxt)\.tmp[0-9a-f]{32}$')
+
+
+def write_failure(train_dir, step, error):
+  """Cleans up after a failed save of step; returns the WriteError to raise.
+
+  Removes what the save wrote: model.ckpt-STEP_temp/ (where the shards go
+  before they are merged) and TensorFlow's atomic-write temporaries. The
+  checkpoints themselves are not touched.
+  """
+  shutil.rmtree(os.path.join(train_dir, 'model.ckpt-%d_temp' % step),
+                ignore_errors=True)
+  for name in os.listdir(train_dir):
+    if ATOMIC_TEMP.match(name):
+      try:
+        os.remove(os.path.join(train_dir, name))
+      except OSError:
+        pass
+  text = str(error)
+  cause = next((f for f in WRITE_FAILURES if f in text), first_line(error))
+  last, _ = newest_readable(train_dir)
+  return WriteError(
+      'cannot write the checkpoint of step %d in %s: %s. %s; free space or '
+      'fix the directory, then restart to resume' % (
+          step, train_dir, cause,
+          'The last good checkpoint, %s, is kept' % last if last else
+          'There is no earlier checkpoint'))

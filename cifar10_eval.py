@@ -33,10 +33,10 @@ def build_eval_graph(data_dir, batch_size, standardize):
   """Builds the evaluation graph in the default graph.
 
   Returns:
-    (fetches, saver, local_init): fetches gives per batch the number of
+    (fetches, restorers, local_init): fetches gives per batch the number of
     examples, the number classified correctly, the summed cross entropy, the
-    regularization loss and the global step; saver restores the model's
-    variables; local_init resets the epoch counter.
+    regularization loss and the global step; restorers() restores the
+    model's variables; local_init resets the epoch counter.
   """
   with tf.device('/cpu:0'):
     # One epoch, one thread, no shuffling: each record exactly once and a
@@ -56,8 +56,28 @@ def build_eval_graph(data_dir, batch_size, standardize):
       'regularization': tf.add_n(tf1.losses.get_regularization_losses()),
       'global_step': global_step,
   }
-  return (fetches, tf1.train.Saver(tf1.global_variables()),
-          tf1.local_variables_initializer())
+  return (fetches, restorers(), tf1.local_variables_initializer())
+
+
+def restorers():
+  """Savers that restore a checkpoint into the evaluation graph.
+
+  Returns:
+    (averaged, raw): averaged restores the moving averages of the weights
+    into them (the model the evaluator tests); raw the weights as they are,
+    for a checkpoint written without averages.
+  """
+  averaged = cifar10_model.moving_averages().variables_to_restore(
+      tf1.trainable_variables())
+  return tf1.train.Saver(averaged), tf1.train.Saver(tf1.global_variables())
+
+
+def has_averages(checkpoint):
+  """Whether checkpoint holds the moving averages of all the weights."""
+  saved = {name for name, _ in tf.train.list_variables(checkpoint)}
+  averages = cifar10_model.moving_averages()
+  return all(averages.average_name(v) in saved
+             for v in tf1.trainable_variables())
 
 
 def evaluate_checkpoint(checkpoint, fetches, saver, local_init, config):
@@ -118,23 +138,25 @@ def run(train_dir, data_dir, batch_size, standardize, max_steps,
   """
   train_dir = os.path.abspath(train_dir)
   eval_dir = os.path.join(train_dir, EVAL_SUBDIR)
-  fetches, saver, local_init = build_eval_graph(data_dir, batch_size, standardize)
+  fetches, (averaged, raw), local_init = build_eval_graph(
+      data_dir, batch_size, standardize)
   tf1.get_default_graph().finalize()
   config = tf1.ConfigProto(allow_soft_placement=True,
                            device_count={'GPU': 0})
-  if run_once and not tf.train.latest_checkpoint(train_dir):
-    print('Error: no checkpoint in %s to evaluate: train first, or point '
-          '--train_dir at the chief\'s' % train_dir, file=sys.stderr)
-    return 1
   print('Evaluator: watching %s every %g s; results in %s' %
         (train_dir, eval_interval_secs, os.path.join(eval_dir, RESULTS_FILE)),
         flush=True)
   writer = None  # Made with the first result: a wrong --train_dir gets none.
-  last = None
+  seen = set()  # Evaluated, gone, or unreadable: not tried again.
   while True:
-    checkpoint = tf.train.latest_checkpoint(train_dir)
-    if checkpoint and checkpoint != last:
-      last = checkpoint
+    checkpoint = latest(train_dir, run_once)
+    if run_once and checkpoint is None:
+      print('Error: no readable checkpoint in %s to evaluate: train first, '
+            'or point --train_dir at the chief\'s' % train_dir,
+            file=sys.stderr)
+      return 1
+    if checkpoint and checkpoint not in seen:
+      seen.add(checkpoint)
       try:
         problem = checkpoints.mismatch(checkpoint, tf1.global_variables())
         if problem:  # Another model's: no later checkpoint will do better.
@@ -142,11 +164,21 @@ def run(train_dir, data_dir, batch_size, standardize, max_steps,
                 '--train_dir at a training run of this model' % (
                     checkpoint, problem), file=sys.stderr)
           return 2
+        saver = averaged if has_averages(checkpoint) else raw
+        if saver is raw:
+          print('Evaluator: %s has no moving averages of the weights (an '
+                'older run); evaluating its weights as they are' % checkpoint,
+                flush=True)
         result = evaluate_checkpoint(checkpoint, fetches, saver, local_init,
                                      config)
       except (tf.errors.NotFoundError, ValueError):
         # The chief keeps its 5 latest checkpoints; this one went meanwhile
         # (restore raises ValueError when its files are already gone).
+        continue
+      except (tf.errors.OutOfRangeError, tf.errors.DataLossError) as e:
+        # Truncated or corrupted (a crash or a full disk mid-write): the
+        # next checkpoint may be fine. Nothing is deleted.
+        skip(checkpoint, checkpoints.first_line(e))
         continue
       if writer is None:
         os.makedirs(eval_dir, exist_ok=True)
@@ -156,3 +188,24 @@ def run(train_dir, data_dir, batch_size, standardize, max_steps,
         writer.close()
         return 0
     time.sleep(eval_interval_secs)
+
+
+def latest(train_dir, readable):
+  """The newest checkpoint in train_dir, or None.
+
+  Args:
+    train_dir: Where the chief writes them.
+    readable: Whether to look past damaged ones (--run_once), saying so,
+      for the newest that reads back whole.
+  """
+  if not readable:
+    return tf.train.latest_checkpoint(train_dir)
+  checkpoint, skipped = checkpoints.newest_readable(train_dir)
+  for path, problem in skipped:
+    skip(path, problem)
+  return checkpoint
+
+
+def skip(checkpoint, problem):
+  print('Evaluator: cannot read the checkpoint %s (%s); skipping it' % (
+      checkpoint, problem), file=sys.stderr, flush=True)

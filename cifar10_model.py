@@ -35,6 +35,13 @@ NUM_CLASSES = cifar10_input.NUM_CLASSES
 WEIGHT_DECAY = 0.004
 BATCH_NORM_DECAY = 0.995
 BATCH_NORM_EPSILON = 0.001
+# The reference declared it and never used it. Here training keeps moving
+# averages of the weights and the evaluator tests them, as TensorFlow's
+# CIFAR-10 tutorial does. With num_updates the decay is min(0.9999,
+# (1 + step) / (10 + step)): a short run averages over its last tens of
+# steps, a long one over thousands. The last weights of a run at a learning
+# rate of 0.1 are one noisy point; their average is a steadier model.
+MOVING_AVERAGE_DECAY = 0.9999
 
 
 def inference(images, is_training=True, dropout_keep_prob=0.8,
@@ -105,6 +112,17 @@ def inference_in(inputs, is_training=True, dropout_keep_prob=0.8,
         # The reference normalized its logits too; logits get a bias instead.
         return slim.fully_connected(net, num_class, activation_fn=None,
                                     normalizer_fn=None, scope='Logits')
+
+
+def moving_averages(global_step=None):
+  """The ExponentialMovingAverage of the weights (the trainable variables).
+
+  Args:
+    global_step: Training's global step, for num_updates; None to only name
+      the averages (the evaluator's restore).
+  """
+  return tf1.train.ExponentialMovingAverage(MOVING_AVERAGE_DECAY,
+                                            num_updates=global_step)
 
 
 def loss(logits, labels):

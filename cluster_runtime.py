@@ -1,19 +1,30 @@
 """The cluster at run time: session configs, gRPC servers, the ps task's
-life, and how the workers tell the ps tasks they are done.
+life, how the workers tell the ps tasks they joined and are done, and what
+a task says while it waits for another.
 
 The reference's ps blocked in server.join() forever and every process
 grabbed every GPU and core. Here a ps serves until each worker has posted to
 its done queue, then exits 0; each task sees only the devices it should use.
+A task that waits for another (a ps not started, a chief that has not
+initialized the model, a worker that never joined or never finished) says
+which one, in one line, after WAIT_REPORT_SECS and every WAIT_REPEAT_SECS.
 """
 
 import os
+import socket
 import sys
+import threading
 
 import tensorflow as tf
 
 from cluster_config import UsageError
 
 tf1 = tf.compat.v1
+
+# TensorFlow's own "CreateSession still waiting" note (an INFO line, hidden)
+# comes every 10 s; ours too, and then less often.
+WAIT_REPORT_SECS = 10
+WAIT_REPEAT_SECS = 20
 
 
 def intra_op_threads(worker_hosts, task_index):
@@ -85,23 +96,52 @@ def done_queue(ps_index):
                          name='done_queue_%d' % ps_index)
 
 
+def join_queues(num_workers):
+  """A one-slot queue per worker on ps 0, filled once the worker joined.
+
+  On ps 0, not on the chief: a restarted chief still sees who is there.
+  """
+  with tf.device('/job:ps/task:0/cpu:0'):
+    return [tf1.FIFOQueue(1, tf.int32, shapes=[], shared_name='joined_%d' % i,
+                          name='joined_%d' % i) for i in range(num_workers)]
+
+
+def workers_named(indices, worker_hosts):
+  """'worker 1 at host:port, worker 2 at host:port'."""
+  return ', '.join('worker %d at %s' % (i, worker_hosts[i])
+                   for i in sorted(indices))
+
+
 def run_ps(cluster, task_index):
   """Serves variables until every worker is done; returns the exit status."""
   config = session_config('ps', task_index)
   server = start_server(cluster, 'ps', task_index, config)
-  num_workers = cluster.num_tasks('worker')
+  workers = cluster.job_tasks('worker')
   print('ps %d: serving on %s; waiting for %d worker(s) to finish' %
-        (task_index, cluster.task_address('ps', task_index), num_workers),
+        (task_index, cluster.task_address('ps', task_index), len(workers)),
         flush=True)
   with tf.Graph().as_default():
     # This ps's queue alone: its device filter hides the other ps tasks.
     dequeue = done_queue(task_index).dequeue()
     with tf1.Session(server.target, config=config) as sess:
-      done = set()
-      while len(done) < num_workers:
-        done.add(int(sess.run(dequeue)))
+      done, timeout = set(), WAIT_REPORT_SECS
+      while len(done) < len(workers):
+        try:
+          done.add(int(sess.run(dequeue, options=tf1.RunOptions(
+              timeout_in_ms=timeout * 1000))))
+          timeout = WAIT_REPORT_SECS
+        except tf.errors.DeadlineExceededError:
+          if done:  # Training is over: someone has not said so.
+            print('ps %d: %d of %d worker(s) finished; still waiting for %s '
+                  'to finish (Ctrl-C stops this ps; the chief\'s checkpoints '
+                  'hold the model)' % (
+                      task_index, len(done), len(workers), workers_named(
+                          set(range(len(workers))) - done, workers)),
+                  flush=True)
+            timeout = WAIT_REPEAT_SECS
   print('ps %d: all %d worker(s) finished; exiting' % (task_index,
-                                                      num_workers), flush=True)
+                                                      len(workers)),
+        flush=True)
   return 0
 
 
@@ -143,3 +183,47 @@ def tell_cluster_done(master, config, close_tokens, posts, global_step):
     for i, post in enumerate(posts):
       run(post, 'tell ps %d that this worker is done' % i)
   return None if step is None else int(step)
+
+
+def unreachable(hosts, timeout=2.0):
+  """Returns [(index, host:port, why)] of the hosts that take no connection.
+
+  A plain TCP connect: what a task not started, a wrong port or a wrong
+  host fails first; TensorFlow itself only waits, and says so in INFO.
+  """
+  missing = []
+  for i, address in enumerate(hosts):
+    host, _, port = address.rpartition(':')
+    try:
+      socket.create_connection((host.strip('[]'), int(port)), timeout).close()
+    except OSError as e:
+      missing.append((i, address, e.strerror or str(e)))
+  return missing
+
+
+class WaitReporter:
+  """While a block runs, prints what it waits for: after WAIT_REPORT_SECS,
+  then every WAIT_REPEAT_SECS.
+
+  Use as `with WaitReporter(describe):`, where describe() returns the line
+  to print now, or None when there is nothing to say.
+  """
+
+  def __init__(self, describe):
+    self._describe = describe
+    self._done = threading.Event()
+
+  def __enter__(self):
+    threading.Thread(target=self._run, daemon=True, name='wait_report').start()
+    return self
+
+  def __exit__(self, *unused_exc_info):
+    self._done.set()
+
+  def _run(self):
+    delay = WAIT_REPORT_SECS
+    while not self._done.wait(delay):
+      line = self._describe()
+      if line and not self._done.is_set():
+        print(line, flush=True)
+      delay = WAIT_REPEAT_SECS

@@ -190,7 +190,7 @@ def main(_):
   try:
     return train()
   except (cluster_config.UsageError, cifar10_input.DataError,
-          checkpoints.TrainDirError) as e:
+          checkpoints.TrainDirError, checkpoints.WriteError) as e:
     print('Error: %s' % e, file=sys.stderr)
     return 2
 
@@ -255,16 +255,20 @@ def connect(task, cluster, config):
                                       config).target
 
 
-def make_hooks(graph, scaffold, train_dir, task_index, single_process):
+def make_hooks(graph, scaffold, train_dir, task, single_process):
   """The worker's session hooks, in the order they must run."""
+  task_index = task.task_index
   is_chief = task_index == 0
   hooks = [tf1.train.NanTensorHook(graph.loss),  # First: no NaN is saved.
            tf1.train.StopAtStepHook(last_step=FLAGS.max_steps)]
   if graph.sync_opt:
-    hooks.append(training_session.SyncReplicasHook(graph.sync_opt, is_chief))
+    hooks += [training_session.SyncReplicasHook(graph.sync_opt, is_chief),
+              training_session.JoinedWorkers(
+                  task_index, task.worker_hosts,
+                  FLAGS.replicas_to_aggregate or len(task.worker_hosts))]
   if is_chief:
-    hooks += [tf1.train.CheckpointSaverHook(
-        train_dir, save_steps=FLAGS.save_checkpoint_steps, scaffold=scaffold),
+    hooks += [training_session.CheckpointSaver(
+        train_dir, FLAGS.save_checkpoint_steps, scaffold),
               tf1.train.SummarySaverHook(
                   save_steps=FLAGS.save_summaries_steps, output_dir=train_dir,
                   scaffold=scaffold)]
@@ -296,8 +300,11 @@ def train_worker(task, cluster):
   # Only now, with the data checked and the port ours, touch train_dir: a
   # mistake on the command line must not cost a --fresh_start deletion.
   checkpoints.prepare(train_dir, is_chief, FLAGS.fresh_start)
+  resume_from = None
   if is_chief:
-    checkpoints.check_resumable(train_dir, tf1.global_variables())
+    resume_from = checkpoints.resume_point(
+        train_dir, tf1.global_variables(),
+        lambda line: print('Worker 0: %s' % line, file=sys.stderr))
     if cluster is not None:
       for line in ps_placement.describe_loads(tf1.global_variables(),
                                               len(task.ps_hosts)):
@@ -305,9 +312,11 @@ def train_worker(task, cluster):
   # The sync optimizer's own readiness check: all global variables exist.
   scaffold = tf1.train.Scaffold(ready_for_local_init_op=(
       graph.sync_opt.ready_for_local_init_op if graph.sync_opt else None))
-  hooks = make_hooks(graph, scaffold, train_dir, task_index, cluster is None)
+  hooks = make_hooks(graph, scaffold, train_dir, task, cluster is None)
   try:
-    run_session(graph, scaffold, hooks, master, config, task_index, train_dir)
+    run_session(graph, training_session.SessionCreator(
+        scaffold, master, config, task, train_dir, resume_from), hooks,
+                task_index, train_dir)
   except tf1.train.NanLossDuringTrainingError:
     print('Error: the model diverged with loss = NaN; the last good '
           'checkpoint in %s is kept. Lower --initial_learning_rate and '
@@ -327,19 +336,13 @@ def train_worker(task, cluster):
   return 0 if final_step >= FLAGS.max_steps else 1
 
 
-def run_session(graph, scaffold, hooks, master, config, task_index,
-                train_dir):
+def run_session(graph, creator, hooks, task_index, train_dir):
   """Creates the MonitoredSession, as the chief or a worker, and trains."""
   if task_index == 0:
-    print('Worker 0: Initializing session...')
-    latest = tf.train.latest_checkpoint(train_dir)
-    if latest:
-      print('Worker 0: resuming from %s' % latest)
+    print('Worker 0: Initializing session...', flush=True)
   else:
-    print('Worker %d: Waiting for session to be initialized...' % task_index)
-  sys.stdout.flush()
-  creator = training_session.SessionCreator(scaffold, master, config,
-                                            task_index, train_dir)
+    print('Worker %d: Waiting for session to be initialized...' % task_index,
+          flush=True)
   with tf1.train.MonitoredSession(session_creator=creator,
                                   hooks=hooks) as sess:
     print('Worker %d: Session initialization complete.' % task_index,

@@ -16,7 +16,6 @@ import ps_placement
 tf1 = tf.compat.v1
 
 DROPOUT_KEEP_PROB = 0.8  # The reference's.
-MOVING_AVERAGE_DECAY = 0.9999  # Declared, never used, as in the reference.
 
 # The tensors and ops a worker's session loop and hooks need.
 TrainingGraph = collections.namedtuple(
@@ -74,11 +73,20 @@ def build(images, labels, num_ps, is_chief, learning_rate, sync=None):
   lr = tf1.train.exponential_decay(initial, global_step, steps, factor,
                                    staircase=True)
   opt = tf1.train.GradientDescentOptimizer(lr)
+  averages = cifar10_model.moving_averages(global_step)
   if sync:
+    # The chief's sync op updates the averages once per global step, after
+    # it applied the aggregated gradients.
     opt = tf1.train.SyncReplicasOptimizer(
         opt, replicas_to_aggregate=sync[0], total_num_replicas=sync[1],
+        variable_averages=averages,
+        variables_to_average=tf1.trainable_variables(),
         name='cifar10_sync_replicas')
-  minimize = opt.minimize(loss, global_step=global_step)
+    minimize = opt.minimize(loss, global_step=global_step)
+  else:
+    with tf.control_dependencies([opt.minimize(loss,
+                                               global_step=global_step)]):
+      minimize = averages.apply(tf1.trainable_variables())
   # BatchNorm moving statistics get one update per global step, as in a
   # single process: from each step of an asynchronous worker, and in
   # synchronous training from the chief only (the others' updates would

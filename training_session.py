@@ -3,9 +3,11 @@
 MonitoredSession and SyncReplicasOptimizer as TF1 meant them, with what the
 stock pieces get wrong at start, at a lost task and at the end:
 SyncReplicasHook starts and stops the chief's sync thread cleanly;
-SessionCreator polls for the chief every 0.5 s instead of 30 s and says when
-the cluster comes back; ReportLostTask turns TensorFlow's INFO note about a
-lost task into one line; run_step recovers from a lost task that TensorFlow
+SessionCreator polls for the chief every 0.5 s instead of 30 s, restores the
+newest checkpoint that can be read, says what it waits for and when the
+cluster comes back; CheckpointSaver says in one line why a save failed;
+JoinedWorkers names the workers a synchronous chief goes on without;
+ReportLostTask turns TensorFlow's INFO note about a lost task into one line; run_step recovers from a lost task that TensorFlow
 reports as a cancelled step; TraceSteps writes Chrome traces of chosen steps;
 StopOnSignal makes SIGINT/SIGTERM checkpoint (on the chief) and exit even
 while a step is blocked.
@@ -16,10 +18,13 @@ import os
 import signal
 import sys
 import threading
+import time
 
 import tensorflow as tf
 from tensorflow.python.client import timeline
 
+import checkpoints
+import cluster_runtime
 import tf_log_filter
 
 tf1 = tf.compat.v1
@@ -144,31 +149,42 @@ def run_step(sess, fetches):
 
 
 class SessionCreator(tf1.train.SessionCreator):
-  """ChiefSessionCreator / WorkerSessionCreator with a short recovery wait.
+  """ChiefSessionCreator / WorkerSessionCreator with a short recovery wait,
+  the newest readable checkpoint, and a word on what it waits for.
 
   The stock creators build a SessionManager that polls every 30 s: a worker
   started before the chief has initialized the model sleeps 30 s before it
-  looks again, and a synchronous chief's first step waits for it.
+  looks again, and a synchronous chief's first step waits for it. They
+  restore the latest checkpoint even when its files are damaged, and wait
+  for a ps that was never started without a word.
   """
 
-  def __init__(self, scaffold, master, config, task_index, checkpoint_dir):
+  def __init__(self, scaffold, master, config, task, train_dir,
+               resume_from):
+    """Args: task: this cluster_config.Task; resume_from: the chief's first
+    checkpoint to restore (checkpoints.resume_point), or None."""
     self._scaffold = scaffold
     self._master = master
     self._config = config
-    self._task_index = task_index
-    self._is_chief = task_index == 0
-    self._checkpoint_dir = checkpoint_dir
+    self._task = task
+    self._name = 'Worker %d' % task.task_index
+    self._is_chief = task.task_index == 0
+    self._train_dir = train_dir
+    self._resume_from = resume_from
     self._sessions = 0
 
   def create_session(self):
     # MonitoredSession calls this again once a lost task is back (see
     # ReportLostTask): a restarted ps has lost its variables.
     if self._sessions:
-      print('Worker %d: the cluster is back; %s' % (
-          self._task_index,
-          'restoring the latest checkpoint' if self._is_chief else
+      print('%s: the cluster is back; %s' % (
+          self._name, 'restoring the latest checkpoint' if self._is_chief else
           'waiting for the chief to restore the model'),
             file=sys.stderr, flush=True)
+      if self._is_chief:
+        self._resume_from = self._newest_readable()
+    elif self._resume_from:
+      print('Worker 0: resuming from %s' % self._resume_from, flush=True)
     self._sessions += 1
     self._scaffold.finalize()
     manager = tf1.train.SessionManager(
@@ -177,16 +193,116 @@ class SessionCreator(tf1.train.SessionCreator):
         ready_for_local_init_op=self._scaffold.ready_for_local_init_op,
         graph=tf1.get_default_graph(),
         recovery_wait_secs=RECOVERY_WAIT_SECS)
-    if not self._is_chief:
-      return manager.wait_for_session(self._master, config=self._config)
-    session = manager.prepare_session(
-        self._master, saver=self._scaffold.saver,
-        checkpoint_dir=self._checkpoint_dir, config=self._config,
-        init_op=self._scaffold.init_op)
+    with cluster_runtime.WaitReporter(self._waiting_for):
+      if not self._is_chief:
+        return manager.wait_for_session(self._master, config=self._config)
+      session = manager.prepare_session(
+          self._master, saver=self._scaffold.saver, config=self._config,
+          checkpoint_filename_with_path=self._resume_from,
+          init_op=self._scaffold.init_op)
     if self._sessions > 1:  # Where the cluster starts again from.
       print('Worker 0: restored the model at global step %d' % session.run(
           tf1.train.get_global_step()), file=sys.stderr, flush=True)
     return session
+
+  def _newest_readable(self):
+    checkpoint, skipped = checkpoints.newest_readable(self._train_dir)
+    for path, problem in skipped:
+      print('Worker 0: cannot read the checkpoint %s (%s); it is left as it '
+            'is' % (path, problem), file=sys.stderr, flush=True)
+    return checkpoint
+
+  def _waiting_for(self):
+    """The line to print while the session is not there yet, or None."""
+    if not self._task.ps_hosts:
+      return None
+    missing = cluster_runtime.unreachable(self._task.ps_hosts)
+    if missing:
+      return '%s: waiting for %s; start %s, or check --ps_hosts' % (
+          self._name, ', '.join('ps %d at %s (%s)' % m for m in missing),
+          'it' if len(missing) == 1 else 'them')
+    if not self._is_chief:
+      return ('%s: waiting for the chief, worker 0 at %s, to initialize or '
+              'restore the model' % (self._name, self._task.worker_hosts[0]))
+    return None
+
+
+class CheckpointSaver(tf1.train.CheckpointSaverHook):
+  """TensorFlow's CheckpointSaverHook, saying in one line why a save failed.
+
+  A save that fails (disk full, read-only, quota; in a cluster the ps tasks
+  write the shards, and their error comes back the same way) raises
+  checkpoints.WriteError, after its temporary files are removed, instead
+  of a TensorFlow error inside two chained tracebacks.
+  """
+
+  def __init__(self, train_dir, save_steps, scaffold):
+    super().__init__(train_dir, save_steps=save_steps, scaffold=scaffold)
+    self._train_dir = train_dir
+
+  def after_create_session(self, session, coord):
+    try:
+      super().after_create_session(session, coord)  # Saves graph.pbtxt too.
+    except tf.errors.OpError as e:
+      raise checkpoints.write_failure(
+          self._train_dir, session.run(self._global_step_tensor), e) from e
+
+  def _save(self, session, step):
+    try:
+      return super()._save(session, step)
+    except tf.errors.OpError as e:
+      raise checkpoints.write_failure(self._train_dir, step, e) from e
+
+
+class JoinedWorkers(tf1.train.SessionRunHook):
+  """Each worker says on ps 0 that it has joined; the chief of a synchronous
+  run names the listed workers that have not.
+
+  Without a word, a synchronous chief whose fellow workers never came takes
+  their tokens too and trains alone: two of its steps per global step with
+  two workers listed, and nothing says why it is slow.
+  """
+
+  def __init__(self, task_index, worker_hosts, replicas):
+    self._task_index = task_index
+    self._worker_hosts = worker_hosts
+    self._replicas = replicas
+    queues = cluster_runtime.join_queues(len(worker_hosts))
+    self._sizes = [q.size() for q in queues]
+    self._post = queues[task_index].enqueue(task_index)
+
+  def after_create_session(self, session, coord):
+    # Once: a restarted worker has joined already (and its queue holds one
+    # slot). Only this worker writes to its queue, so there is no race.
+    if not session.run(self._sizes[self._task_index]):
+      session.run(self._post)
+    if self._task_index == 0:
+      threading.Thread(target=self._watch, args=(session,), daemon=True,
+                       name='joined_workers').start()
+
+  def _missing(self, session):
+    return [i for i, size in enumerate(session.run(self._sizes)) if not size]
+
+  def _watch(self, session):
+    """Reports those missing after WAIT_REPORT_SECS, then every
+    WAIT_REPEAT_SECS, until all are there or the session ends."""
+    delay, reported = cluster_runtime.WAIT_REPORT_SECS, False
+    try:
+      while True:
+        time.sleep(delay)
+        missing = self._missing(session)
+        if not missing:
+          break
+        print('Worker 0: waiting for %s to join; meanwhile the workers that '
+              'have joined compute its share of the %d gradients per step' %
+              (cluster_runtime.workers_named(missing, self._worker_hosts),
+               self._replicas), flush=True)
+        delay, reported = cluster_runtime.WAIT_REPEAT_SECS, True
+    except (tf.errors.OpError, RuntimeError):
+      return  # The session ended, or a ps was lost: a new one starts over.
+    if reported:
+      print('Worker 0: all %d workers have joined' % len(self._worker_hosts),
+            flush=True)
 
 
 class TraceSteps(tf1.train.SessionRunHook):
