@@ -95,7 +95,8 @@ def unreadable(checkpoint):
     reader = tf.train.load_checkpoint(checkpoint)
     for name in reader.get_variable_to_shape_map():
       reader.get_tensor(name)
-  except (tf.errors.OpError, ValueError) as e:
+  # The reader's C++ errors arrive as Python's: a short read as IndexError.
+  except (tf.errors.OpError, ValueError, IndexError, RuntimeError) as e:
     return first_line(e)
   return None
 

@@ -138,8 +138,8 @@ def run(train_dir, data_dir, batch_size, standardize, max_steps,
   """
   train_dir = os.path.abspath(train_dir)
   eval_dir = os.path.join(train_dir, EVAL_SUBDIR)
-  fetches, (averaged, raw), local_init = build_eval_graph(
-      data_dir, batch_size, standardize)
+  fetches, savers, local_init = build_eval_graph(data_dir, batch_size,
+                                                 standardize)
   tf1.get_default_graph().finalize()
   config = tf1.ConfigProto(allow_soft_placement=True,
                            device_count={'GPU': 0})
@@ -150,35 +150,15 @@ def run(train_dir, data_dir, batch_size, standardize, max_steps,
   seen = set()  # Evaluated, gone, or unreadable: not tried again.
   while True:
     checkpoint = latest(train_dir, run_once)
-    if run_once and checkpoint is None:
+    if run_once and (checkpoint is None or checkpoint in seen):
       print('Error: no readable checkpoint in %s to evaluate: train first, '
             'or point --train_dir at the chief\'s' % train_dir,
             file=sys.stderr)
       return 1
     if checkpoint and checkpoint not in seen:
       seen.add(checkpoint)
-      try:
-        problem = checkpoints.mismatch(checkpoint, tf1.global_variables())
-        if problem:  # Another model's: no later checkpoint will do better.
-          print('Error: %s is a checkpoint of a different model (%s): point '
-                '--train_dir at a training run of this model' % (
-                    checkpoint, problem), file=sys.stderr)
-          return 2
-        saver = averaged if has_averages(checkpoint) else raw
-        if saver is raw:
-          print('Evaluator: %s has no moving averages of the weights (an '
-                'older run); evaluating its weights as they are' % checkpoint,
-                flush=True)
-        result = evaluate_checkpoint(checkpoint, fetches, saver, local_init,
-                                     config)
-      except (tf.errors.NotFoundError, ValueError):
-        # The chief keeps its 5 latest checkpoints; this one went meanwhile
-        # (restore raises ValueError when its files are already gone).
-        continue
-      except (tf.errors.OutOfRangeError, tf.errors.DataLossError) as e:
-        # Truncated or corrupted (a crash or a full disk mid-write): the
-        # next checkpoint may be fine. Nothing is deleted.
-        skip(checkpoint, checkpoints.first_line(e))
+      result = evaluate_new(checkpoint, fetches, savers, local_init, config)
+      if result is None:
         continue
       if writer is None:
         os.makedirs(eval_dir, exist_ok=True)
@@ -188,6 +168,41 @@ def run(train_dir, data_dir, batch_size, standardize, max_steps,
         writer.close()
         return 0
     time.sleep(eval_interval_secs)
+
+
+def evaluate_new(checkpoint, fetches, savers, local_init, config):
+  """Evaluates a checkpoint not seen before.
+
+  Returns:
+    Its result, or None to go on without it: it is gone, or cannot be read
+    (which it says).
+
+  Raises:
+    checkpoints.TrainDirError: it is of another model; no later checkpoint
+      will do better.
+  """
+  try:
+    problem = checkpoints.mismatch(checkpoint, tf1.global_variables())
+    if problem:
+      raise checkpoints.TrainDirError(
+          '%s is a checkpoint of a different model (%s): point --train_dir '
+          'at a training run of this model' % (checkpoint, problem))
+    averaged, raw = savers
+    saver = averaged if has_averages(checkpoint) else raw
+    if saver is raw:
+      print('Evaluator: %s has no moving averages of the weights (an older '
+            'run); evaluating its weights as they are' % checkpoint,
+            flush=True)
+    return evaluate_checkpoint(checkpoint, fetches, saver, local_init, config)
+  except (tf.errors.NotFoundError, ValueError):
+    # The chief keeps its 5 latest checkpoints; this one went meanwhile
+    # (restore raises ValueError when its files are already gone).
+    return None
+  except (tf.errors.OutOfRangeError, tf.errors.DataLossError) as e:
+    # Truncated or corrupted (a crash or a full disk mid-write): the next
+    # checkpoint may be fine. Nothing is deleted.
+    skip(checkpoint, checkpoints.first_line(e))
+    return None
 
 
 def latest(train_dir, readable):

@@ -42,11 +42,13 @@ CPP_LOG_LINE = re.compile(
     rb'(?:[\w.-]+/)*([\w.-]+):\d+\] ')
 LEVELS = {b'I': 0, b'W': 1, b'E': 2, b'F': 3}
 # The lines after a log line that belong to it: a status's node list
-# (`\t [[{{node ...}}]]`), the details of an error from another task,
+# (`\t [[{{node ...}}]]`), the details of an error from another task, the
+# hint that closes a RESOURCE_EXHAUSTED status and the blank line after it,
 # cpu_feature_guard's second line.
 CONTINUATION = re.compile(
     rb'^(\t|Additional GRPC error information from remote target |'
     rb':UNKNOWN:Error received from peer |'
+    rb'Hint: If you want to see a list of allocated tensors when OOM |\r?\n$|'
     rb'To enable the following instructions: )')
 ABSL_BANNER = (b'WARNING: All log messages before absl::InitializeLog() is '
                b'called are written to STDERR')
@@ -79,13 +81,17 @@ PLATFORM = [
     (rb'cpu_feature_guard\.cc', rb'This TensorFlow binary is optimized'),
     (rb'port\.cc', rb'oneDNN custom operations are on'),
 ]
-# EVENTS: expected events of a healthy run, logged as warnings.
+# EVENTS: expected events, and the C++ side's copies of an error that the
+# Python side reports (in one line of ours, or as a traceback).
 EVENTS = [
     # A step's or a session's cleanup cancels its pending transfers and
-    # queue operations (a lost task shows as UNAVAILABLE, which passes); a
-    # ps waiting for the workers' done posts times out its wait to say so.
-    (rb'local_rendezvous\.cc',
-     rb'aborting with status: (ABORTED|CANCELLED|DEADLINE_EXCEEDED)'),
+    # queue operations, as does the timeout of a ps's wait for the done
+    # posts; a step that failed aborts them with its error, which the step
+    # raises. A lost task (UNAVAILABLE) passes: it says which task went.
+    (rb'local_rendezvous\.cc', rb'aborting with status: (?!UNAVAILABLE)'),
+    # An op's error, logged where the op ran (a ps, for a checkpoint shard);
+    # the session that ran it raises the same error.
+    (rb'op_kernel\.cc', rb'OP_REQUIRES failed at '),
     (rb'grpc_worker_service\.cc', rb'RecvTensor cancelled'),
     (rb'queue_base\.cc', rb'Skipping cancelled dequeue attempt'),
     # SyncReplicasOptimizer drops gradients computed on an older global

@@ -284,20 +284,23 @@ class JoinedWorkers(tf1.train.SessionRunHook):
     return [i for i, size in enumerate(session.run(self._sizes)) if not size]
 
   def _watch(self, session):
-    """Reports those missing after WAIT_REPORT_SECS, then every
-    WAIT_REPEAT_SECS, until all are there or the session ends."""
-    delay, reported = cluster_runtime.WAIT_REPORT_SECS, False
+    """Looks every second; names the missing after WAIT_REPORT_SECS, then
+    every WAIT_REPEAT_SECS, and says when they are all there."""
+    next_report, reported = cluster_runtime.WAIT_REPORT_SECS, False
+    start = time.time()
     try:
       while True:
-        time.sleep(delay)
+        time.sleep(1)
         missing = self._missing(session)
         if not missing:
           break
-        print('Worker 0: waiting for %s to join; meanwhile the workers that '
-              'have joined compute its share of the %d gradients per step' %
-              (cluster_runtime.workers_named(missing, self._worker_hosts),
-               self._replicas), flush=True)
-        delay, reported = cluster_runtime.WAIT_REPEAT_SECS, True
+        if time.time() - start >= next_report:
+          print('Worker 0: waiting for %s to join; meanwhile the workers '
+                'that have joined compute its share of the %d gradients per '
+                'step' % (cluster_runtime.workers_named(
+                    missing, self._worker_hosts), self._replicas), flush=True)
+          next_report += cluster_runtime.WAIT_REPEAT_SECS
+          reported = True
     except (tf.errors.OpError, RuntimeError):
       return  # The session ended, or a ps was lost: a new one starts over.
     if reported:

@@ -93,8 +93,8 @@ def tfdata_records_per_sec(data_dir, batch_size, seconds):
 
   def decode(values):
     records = tf1.decode_raw(values, tf.uint8)
-    images = tf.transpose(tf.cast(tf.reshape(records[:, 1:], [-1, 3, 32, 32]),
-                                  tf.float32), [0, 2, 3, 1])
+    images = tf.transpose(tf.reshape(records[:, 1:], [-1, 3, 32, 32]),
+                          [0, 2, 3, 1])
     return (cifar10_input.preprocess(images, True, True),
             tf.cast(records[:, 0], tf.int32))
 

@@ -209,7 +209,8 @@ def test_evaluator_counts_every_test_record_exactly_once(tmp_path, tiny_data):
   assert got, out
 
   # The same numbers computed independently: decode test_batch.bin with
-  # numpy, run the restored network on all 50 images at once.
+  # numpy, run the network on all 50 images at once, with the moving
+  # averages of the weights restored into it, as the evaluator tests them.
   records = np.fromfile(os.path.join(tiny_data, 'test_batch.bin'), np.uint8)
   records = records.reshape(-1, 3073)
   labels = records[:, 0].astype(np.int32)
@@ -219,9 +220,35 @@ def test_evaluator_counts_every_test_record_exactly_once(tmp_path, tiny_data):
     logits = cifar10_model.inference(x, is_training=False)
     loss = cifar10_model.loss(logits, labels)
     with tf1.Session() as sess:
-      tf1.train.Saver().restore(sess, tf.train.latest_checkpoint(train_dir))
+      averages = cifar10_model.moving_averages().variables_to_restore(
+          tf1.trainable_variables())
+      tf1.train.Saver(averages).restore(sess,
+                                        tf.train.latest_checkpoint(train_dir))
       logits_v, loss_v = sess.run([logits, loss])
   accuracy = np.mean(np.argmax(logits_v, 1) == labels)
   assert int(got.group(3)) == 50
   assert float(got.group(2)) == pytest.approx(accuracy, abs=1e-4)
   assert float(got.group(1)) == pytest.approx(loss_v, abs=0.006)
+
+
+def test_evaluator_reads_a_checkpoint_without_moving_averages(tmp_path,
+                                                             tiny_data):
+  # Written as a run of an earlier version did: the weights, no averages.
+  train_dir = str(tmp_path / 'train')
+  with tf.Graph().as_default():
+    tf1.train.get_or_create_global_step()
+    cifar10_model.inference(tf.zeros([1, 32, 32, 3]), is_training=False)
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      tf1.train.Saver().save(sess, os.path.join(train_dir, 'model.ckpt'),
+                             global_step=0)
+  out = subprocess.run(
+      [sys.executable, os.path.join(ROOT, 'train_distributed.py'),
+       '--job_name=evaluator', '--run_once', '--data_dir=' + tiny_data,
+       '--train_dir=' + train_dir], check=True, capture_output=True,
+      text=True, timeout=120).stdout
+  assert ('Evaluator: %s/model.ckpt-0 has no moving averages of the weights '
+          '(an older run); evaluating its weights as they are' % train_dir
+          ) in out, out
+  assert re.search(r'step 0, loss = \d+\.\d\d ,Test accuracy = \d\.\d{4} '
+                   r'\(50 examples\)', out), out

@@ -60,9 +60,24 @@ CHATTER = [
     b'W1201 02:47:15.001122   8462 conditional_accumulator_base.cc:47] '
     b'Attempt to set current_global_step_ to smaller value: '
     b'current_global_step_ = 23 >= 20 = new_global_step.\n',
+    # A checkpoint save on a full disk: the op's error and the step's
+    # abort, copies of the error the chief reports in one line.
+    b'W0000 00:00:1796114236.951683    3515 op_kernel.cc:1858] OP_REQUIRES '
+    b'failed at save_restore_v2_ops.cc:163 : RESOURCE_EXHAUSTED: /tmp/disk/'
+    b'train/model.ckpt-20_temp/part-00000-of-00001.data-00000-of-00001.'
+    b'tempstate174603014330594264; No space left on device\n',
+    b'W0000 00:00:1796114236.951910    3515 local_rendezvous.cc:412] Local '
+    b'rendezvous is aborting with status: RESOURCE_EXHAUSTED: /tmp/disk/train/'
+    b'model.ckpt-20_temp/part-00000-of-00001.data-00000-of-00001.tempstate1746'
+    b'03014330594264; No space left on device\n'
+    b'\t [[{{node save/SaveV2}}]]\n'
+    b'Hint: If you want to see a list of allocated tensors when OOM happens, '
+    b'add report_tensor_allocations_upon_oom to RunOptions for current '
+    b'allocation info. This isn\'t available when running in Eager mode.\n'
+    b'\n',
     # Platform notes. Intel Xeon with AVX-512 and AMX, every worker, the
-    # evaluator and a single process (a uint8 transpose, before the input
-    # pipeline cast first); AMD EPYC Zen 4 printed it too.
+    # evaluator and a single process (the input pipeline's uint8 transpose);
+    # AMD EPYC Zen 4 prints it too, with another data type on other graphs.
     b'E0000 00:00:1796108551.653509   17849 util.cc:131] oneDNN supports '
     b'DT_UINT8 only on platforms with AVX-512. Falling back to the default '
     b'Eigen-based implementation if present.\n',

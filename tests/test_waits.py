@@ -1,0 +1,85 @@
+"""Every wait names what it waits for: a ps not started, a chief that has
+not initialized the model, a worker that never joined, a worker that never
+said it was done. Real processes on free ports, started out of order, as a
+new user does. Each line comes after cluster_runtime.WAIT_REPORT_SECS and
+again every WAIT_REPEAT_SECS; these tests wait for the lines themselves.
+"""
+
+import signal
+
+import cluster_runtime
+from test_cluster import FAST, assert_clean_logs, checkpoint_step
+from test_cluster import cluster_flags
+
+# The first line, the repeat, and the time it takes a loaded machine to
+# import TensorFlow and start a task.
+LINE_SECS = (cluster_runtime.WAIT_REPORT_SECS +
+             cluster_runtime.WAIT_REPEAT_SECS + 60)
+
+
+def hosts(flags, name):
+  return next(f.split('=', 1)[1] for f in flags
+              if f.startswith('--%s=' % name)).split(',')
+
+
+def test_each_wait_says_what_it_waits_for(procs, tiny_data, tmp_path):
+  train_dir = str(tmp_path / 'train')
+  flags = cluster_flags(tiny_data, train_dir, num_workers=3) + [
+      '--max_steps=1000000']
+  ps, workers = hosts(flags, 'ps_hosts'), hosts(flags, 'worker_hosts')
+
+  def start(name, job, index):
+    procs.trainer(name, '--job_name=' + job, '--task_index=%d' % index,
+                  *flags)
+
+  # Worker 1 alone: no ps to create a session with.
+  start('worker1', 'worker', 1)
+  procs.wait_for_line('worker1', 'Worker 1: waiting for ps 0 at %s '
+                      '(Connection refused); start it, or check --ps_hosts' %
+                      ps[0], LINE_SECS)
+  # The ps is there, the model is not: the same wait says so next time.
+  start('ps0', 'ps', 0)
+  procs.wait_for_line('worker1', 'Worker 1: waiting for the chief, worker 0 '
+                      'at %s, to initialize or restore the model' %
+                      workers[0], LINE_SECS)
+  # The chief trains with worker 1; worker 2, listed, never came.
+  start('worker0', 'worker', 0)
+  procs.wait_for_line(
+      'worker0', 'Worker 0: waiting for worker 2 at %s to join; meanwhile the '
+      'workers that have joined compute its share of the 3 gradients per '
+      'step' % workers[2], LINE_SECS)
+  start('worker2', 'worker', 2)
+  procs.wait_for_line('worker0', 'Worker 0: all 3 workers have joined',
+                      LINE_SECS)
+  procs.procs['worker0'].send_signal(signal.SIGTERM)
+  procs.wait_for_line('worker0', 'Worker 0: SIGTERM: wrote', 30)
+  assert procs.procs['worker0'].wait(30) == 143
+  for name in ('worker0', 'worker1'):
+    log = procs.log(name)
+    assert 'Traceback' not in log, log
+  # Nothing but the suite's lines: TensorFlow's own "still waiting" INFO
+  # lines and the cancelled connection attempts stay out.
+  assert_clean_logs(procs)
+  assert checkpoint_step(train_dir) > 0
+
+
+def test_ps_names_the_workers_it_waits_for_at_the_end(procs, tiny_data,
+                                                     tmp_path):
+  train_dir = str(tmp_path / 'train')
+  flags = cluster_flags(tiny_data, train_dir) + ['--max_steps=20']
+  workers = hosts(flags, 'worker_hosts')
+  procs.trainer('ps0', '--job_name=ps', '--task_index=0', *flags)
+  # The chief alone: it takes worker 1's tokens too and finishes.
+  procs.trainer('worker0', '--job_name=worker', '--task_index=0', *flags)
+  procs.wait_for_line('worker0', 'Worker 0: training finished at global step',
+                      120)
+  assert procs.procs['worker0'].wait(30) == 0
+  procs.wait_for_line('ps0', 'ps 0: 1 of 2 worker(s) finished; still waiting '
+                      'for worker 1 at %s to finish' % workers[1], LINE_SECS)
+  # Worker 1, late: it finds the run over, says so, and the ps goes too.
+  procs.trainer('worker1', '--job_name=worker', '--task_index=1', *flags)
+  assert procs.wait_all(timeout=120) == {'ps0': 0, 'worker0': 0,
+                                         'worker1': 0}, procs.tails()
+  assert 'ps 0: all 2 worker(s) finished; exiting' in procs.log('ps0')
+  assert checkpoint_step(train_dir) == 20
+  assert_clean_logs(procs)
