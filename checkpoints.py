@@ -77,7 +77,13 @@ def mismatch(checkpoint, variables):
 
 
 def first_line(error):
-  """What a TensorFlow error says, on one line, without its node list."""
+  """What a TensorFlow error says first, on one line, without its node list.
+
+  A session's error opens with 'Graph execution error:' and often a line of
+  '=' before the status, 'UNAVAILABLE: From /job:ps/replica:0/task:1:',
+  then what happened on the next line, 'Socket closed': those two go
+  together.
+  """
   lines = [l.strip() for l in str(error).splitlines()]
   lines = [l for l in lines if l and l != 'Graph execution error:' and
            not l.startswith(('=', '[['))]

@@ -303,8 +303,7 @@ def train_worker(task, cluster):
   resume_from = None
   if is_chief:
     resume_from = checkpoints.resume_point(
-        train_dir, tf1.global_variables(),
-        lambda line: print('Worker 0: %s' % line, file=sys.stderr))
+        train_dir, tf1.global_variables(), training_session.say_as_chief)
     if cluster is not None:
       for line in ps_placement.describe_loads(tf1.global_variables(),
                                               len(task.ps_hosts)):

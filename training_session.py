@@ -103,26 +103,10 @@ class ReportLostTask(logging.Filter):
     message = record.getMessage()
     if message.startswith(self.PREFIX):
       print('Worker %d: lost a task of the cluster (%s); waiting for it to '
-            'come back' % (self._task_index, self.cause(
+            'come back' % (self._task_index, checkpoints.first_line(
                 message.split(' Error: ', 1)[-1])), file=sys.stderr,
             flush=True)
     return False
-
-  @staticmethod
-  def cause(error):
-    """The first thing TensorFlow's error message says, on one line.
-
-    The message opens with 'Graph execution error:' and often a line of
-    '=' before the status: 'UNAVAILABLE: From /job:ps/replica:0/task:1:',
-    then what happened on the next line: 'Socket closed'.
-    """
-    lines = [l for l in (l.strip() for l in error.splitlines())
-             if l and l != 'Graph execution error:' and not l.startswith('=')]
-    if not lines:
-      return 'no detail'
-    if lines[0].endswith(':') and len(lines) > 1:
-      return '%s %s' % (lines[0], lines[1])
-    return lines[0]
 
 
 def run_step(sess, fetches):
@@ -146,6 +130,11 @@ def run_step(sess, fetches):
       raise tf.errors.AbortedError(e.node_def, e.op, e.message) from e
 
   return sess.run_step_fn(step_fn)
+
+
+def say_as_chief(line):
+  """Prints one of the chief's notes about its checkpoints."""
+  print('Worker 0: %s' % line, file=sys.stderr, flush=True)
 
 
 class SessionCreator(tf1.train.SessionCreator):
@@ -182,7 +171,8 @@ class SessionCreator(tf1.train.SessionCreator):
           'waiting for the chief to restore the model'),
             file=sys.stderr, flush=True)
       if self._is_chief:
-        self._resume_from = self._newest_readable()
+        self._resume_from = checkpoints.resume_point(
+            self._train_dir, tf1.global_variables(), say_as_chief)
     elif self._resume_from:
       print('Worker 0: resuming from %s' % self._resume_from, flush=True)
     self._sessions += 1
@@ -204,13 +194,6 @@ class SessionCreator(tf1.train.SessionCreator):
       print('Worker 0: restored the model at global step %d' % session.run(
           tf1.train.get_global_step()), file=sys.stderr, flush=True)
     return session
-
-  def _newest_readable(self):
-    checkpoint, skipped = checkpoints.newest_readable(self._train_dir)
-    for path, problem in skipped:
-      print('Worker 0: cannot read the checkpoint %s (%s); it is left as it '
-            'is' % (path, problem), file=sys.stderr, flush=True)
-    return checkpoint
 
   def _waiting_for(self):
     """The line to print while the session is not there yet, or None."""
