@@ -362,18 +362,22 @@ def run_loop(sess, fetches, writer):
   """
   local_step = 0
   start = time.time()
+  left = training_session.TimeLeft(FLAGS.max_steps)
   while not sess.should_stop():
     step, loss_value, accuracy_value = training_session.run_step(sess,
                                                                  fetches)
     local_step += 1
+    if local_step == 1:
+      left.update(step)  # Where the global step's rate is measured from.
     if local_step % FLAGS.log_frequency == 0:
       duration = time.time() - start
       start = time.time()
       examples_per_sec = FLAGS.log_frequency * FLAGS.batch_size / duration
       print('%s: step %d, loss = %.2f ,Train accuracy = %.2f '
-            '(%.1f examples/sec; %.3f sec/batch)' %
+            '(%.1f examples/sec; %.3f sec/batch; %s left)' %
             (datetime.now(), step, loss_value, accuracy_value,
-             examples_per_sec, duration / FLAGS.log_frequency), flush=True)
+             examples_per_sec, duration / FLAGS.log_frequency,
+             left.update(step)), flush=True)
       if writer:
         writer.add_summary(tf1.Summary(value=[tf1.Summary.Value(
             tag='examples/sec', simple_value=examples_per_sec)]), step)

@@ -13,6 +13,7 @@ StopOnSignal makes SIGINT/SIGTERM checkpoint (on the chief) and exit even
 while a step is blocked.
 """
 
+import collections
 import logging
 import os
 import signal
@@ -289,6 +290,33 @@ class JoinedWorkers(tf1.train.SessionRunHook):
     if reported:
       print('Worker 0: all %d workers have joined' % len(self._worker_hosts),
             flush=True)
+
+
+class TimeLeft:
+  """The time left to max_steps, at the recent rate of the global step.
+
+  The global step, not this worker's steps: in a cluster it counts the
+  updates of all workers, so the chief's estimate is the cluster's. Recent:
+  the first steps (start-up, a cold input queue) are slower, and a worker
+  that joins or leaves changes the rate.
+  """
+
+  WINDOW = 5  # Progress lines the rate is measured over.
+
+  def __init__(self, max_steps):
+    self._max_steps = max_steps
+    self._points = collections.deque(maxlen=self.WINDOW + 1)
+
+  def update(self, step, now=None):
+    """Records the global step reached now; returns the time left, H:MM:SS
+    ('?' before the step has moved)."""
+    self._points.append((time.time() if now is None else now, step))
+    (then, first), (now, last) = self._points[0], self._points[-1]
+    if last <= first or now <= then:
+      return '?'
+    secs = round(max(0, self._max_steps - last) * (now - then) /
+                 (last - first))
+    return '%d:%02d:%02d' % (secs // 3600, secs // 60 % 60, secs % 60)
 
 
 class TraceSteps(tf1.train.SessionRunHook):

@@ -1,5 +1,6 @@
 """Real clusters: ps and worker processes on free ports, as users start them."""
 
+import datetime
 import json
 import os
 import re
@@ -12,7 +13,7 @@ from conftest import free_ports
 PROGRESS = re.compile(
     r'^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}: step (\d+), loss = \d+\.\d\d '
     r',Train accuracy = \d\.\d\d \(\d+\.\d examples/sec; \d+\.\d{3} '
-    r'sec/batch\)$', re.M)
+    r'sec/batch; (?:\d+:\d\d:\d\d|\?) left\)$', re.M)
 
 # Fast settings for a 2-core machine.
 FAST = ['--batch_size=16', '--num_preprocess_threads=2', '--log_frequency=5']
@@ -107,6 +108,29 @@ def test_single_process_mode(procs, tiny_data, tmp_path):
   assert [int(s) for s in PROGRESS.findall(log)] == [5, 10, 15]
   assert 'training finished at global step 15' in log
   assert_clean_logs(procs)
+
+
+def test_time_left_at_half_way_is_within_30_percent(procs, tiny_data,
+                                                   tmp_path):
+  procs.trainer('single', '--ps_hosts=', '--data_dir=' + tiny_data,
+                '--train_dir=' + str(tmp_path / 'train'), '--max_steps=600',
+                '--batch_size=16', '--num_preprocess_threads=2',
+                '--log_frequency=10')
+  assert procs.wait_all(timeout=180) == {'single': 0}, procs.tails()
+  lines = {int(m.group(2)): m for m in re.finditer(
+      r'^(\S+ \S+): step (\d+), .*; (\d+):(\d\d):(\d\d) left\)$',
+      procs.log('single'), re.M)}
+  assert sorted(lines) == list(range(10, 601, 10)), procs.log('single')
+
+  def when(step):
+    return datetime.datetime.strptime(lines[step].group(1),
+                                      '%Y-%m-%d %H:%M:%S.%f')
+
+  h, m, s = (int(g) for g in lines[300].group(3, 4, 5))
+  estimate = 3600 * h + 60 * m + s
+  took = (when(600) - when(300)).total_seconds()
+  assert abs(estimate - took) <= 0.3 * took, (estimate, took)
+  assert lines[600].group(3, 4, 5) == ('0', '00', '00')
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(procs, tiny_data,

@@ -6,6 +6,7 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -92,7 +93,9 @@ def test_script_runs_a_cluster_with_an_evaluator(tmp_path, tiny_data,
   assert not (train_dir / 'stale.txt').exists()
   assert not (tmp_path / 'train').exists()
   assert 'Logs: %s' % (tmp_path / 'logs') in out
-  assert re.search(r': step \d+, loss = .* ,Train accuracy = ', out)
+  # The chief's progress, with the cluster's time left to --max_steps.
+  assert re.search(r': step \d+, loss = .* ,Train accuracy = .*; '
+                   r'(\d+:\d\d:\d\d|\?) left\)$', out, re.M), out
   final = re.search(r'^Final: .*: step 20, loss = \d+\.\d\d ,Test accuracy = '
                     r'(\d\.\d{4}) \(50 examples\)$', out, re.M)
   assert final, out
@@ -229,6 +232,34 @@ def test_evaluator_counts_every_test_record_exactly_once(tmp_path, tiny_data):
   assert int(got.group(3)) == 50
   assert float(got.group(2)) == pytest.approx(accuracy, abs=1e-4)
   assert float(got.group(1)) == pytest.approx(loss_v, abs=0.006)
+  assert_show_inputs(tmp_path, tiny_data, train_dir,
+                     round((1 - accuracy) * 50))
+
+
+def assert_show_inputs(tmp_path, data_dir, train_dir, wrong):
+  """scripts/show_inputs.py draws the records' own labels, and as many
+  misclassified test images as the evaluator counted."""
+  png = tmp_path / 'inputs.png'
+  out = subprocess.run(
+      [sys.executable, os.path.join(ROOT, 'scripts', 'show_inputs.py'),
+       '--data_dir=' + data_dir, '--out=' + str(png), '--num=8',
+       '--train_dir=' + train_dir], check=True, capture_output=True,
+      text=True, timeout=120).stdout
+  with open(os.path.join(data_dir, 'batches.meta.txt')) as f:
+    names = f.read().split()
+  records = np.fromfile(os.path.join(data_dir, 'data_batch_1.bin'), np.uint8)
+  first = records.reshape(-1, 3073)[:8, 0]
+  assert 'training images: %s\n' % ', '.join(names[l] for l in first) in out
+  assert 'misclassified: %d of 50 test images; shown: ' % wrong in out, out
+  shown = re.search(r'shown: (.*)$', out, re.M).group(1).split(', ')
+  assert len(shown) == min(8, wrong)
+  assert all(re.fullmatch(r'(\w+) -> (\w+)', p) for p in shown)
+  data = png.read_bytes()
+  assert data[:8] == b'\x89PNG\r\n\x1a\n'
+  width, height = struct.unpack('>II', data[16:24])
+  # 8 columns of 1.7 in at 72 dpi; three panels of one row (1.7 in) under a
+  # title row (0.3 of that).
+  assert (width, height) == (979, int(3 * 1.3 * 1.7 * 72)), (width, height)
 
 
 def test_evaluator_reads_a_checkpoint_without_moving_averages(tmp_path,
