@@ -16,6 +16,7 @@ import sys
 import threading
 
 import tensorflow as tf
+from tensorflow.core.protobuf import rewriter_config_pb2
 
 from cluster_config import UsageError
 
@@ -41,7 +42,8 @@ def intra_op_threads(worker_hosts, task_index):
 
 
 def session_config(job_name, task_index, worker_hosts=None, num_gpus=0,
-                   threads=0, log_device_placement=False):
+                   threads=0, log_device_placement=False,
+                   mixed_precision=False):
   """Returns the ConfigProto for this task's server and sessions.
 
   A ps task and every task of a num_gpus=0 run hide the GPUs, so they never
@@ -56,9 +58,17 @@ def session_config(job_name, task_index, worker_hosts=None, num_gpus=0,
     num_gpus: --num_gpus.
     threads: A worker's intra-op threads; 0: intra_op_threads().
     log_device_placement: --log_device_placement.
+    mixed_precision: --mixed_precision: TensorFlow's oneDNN bfloat16 graph
+      rewrite, which computes the convolutions, matrix products and their
+      gradients in bfloat16 and keeps the variables, their updates and the
+      BatchNorm statistics in float32 (a worker's grappler rewrites the
+      graph it runs, ps side included, so only the workers need it).
   """
   config = tf1.ConfigProto(allow_soft_placement=True,
                            log_device_placement=log_device_placement)
+  if mixed_precision:
+    config.graph_options.rewrite_options.auto_mixed_precision_onednn_bfloat16 = (
+        rewriter_config_pb2.RewriterConfig.ON)
   clustered = job_name == 'ps' or worker_hosts is not None
   if job_name == 'worker' and clustered:
     config.intra_op_parallelism_threads = threads or intra_op_threads(
@@ -73,6 +83,37 @@ def session_config(job_name, task_index, worker_hosts=None, num_gpus=0,
         ['/job:ps'] if job_name == 'worker' else [])
     config.device_filters.append('/job:%s/task:%d' % (job_name, task_index))
   return config
+
+
+# /proc/cpuinfo's names of the instructions oneDNN runs bfloat16 with.
+BF16_FLAGS = ('avx512_bf16', 'amx_bf16')
+
+
+def cpu_bf16_flags(cpuinfo='/proc/cpuinfo'):
+  """This CPU's bfloat16 instructions (of BF16_FLAGS); None if unknown."""
+  try:
+    with open(cpuinfo) as f:
+      flags = next((l.split(':', 1)[1].split() for l in f
+                    if l.startswith('flags')), [])
+  except OSError:
+    return None
+  return [f for f in BF16_FLAGS if f in flags]
+
+
+def mixed_precision_line(name):
+  """What --mixed_precision turned on here, for the worker to print: one
+  line, a warning where this CPU computes bfloat16 without instructions of
+  its own for it (slower than float32, tensorflow#42422)."""
+  found = cpu_bf16_flags()
+  if found:
+    return ('%s: --mixed_precision: bfloat16 compute through oneDNN\'s graph '
+            'rewrite (this CPU has %s); variables, gradient accumulation, '
+            'BatchNorm statistics and checkpoints stay float32' % (
+                name, ', '.join(found)))
+  return ('%s: warning: --mixed_precision on a CPU with %s: bfloat16 may run '
+          'slower than float32 here; drop the flag' % (
+              name, 'no AVX512_BF16 or AMX-BF16' if found is not None else
+              'no /proc/cpuinfo to say whether it has AVX512_BF16 or AMX'))
 
 
 def start_server(cluster, job_name, task_index, config):

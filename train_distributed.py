@@ -130,6 +130,17 @@ flags.DEFINE_float('eval_interval_secs', 5,
                    'Evaluator: how often to look for a new checkpoint.')
 flags.DEFINE_boolean('run_once', False,
                      'Evaluator: evaluate the latest checkpoint and exit.')
+flags.DEFINE_boolean('mixed_precision', False,
+                     'Worker: compute in bfloat16 through TensorFlow\'s '
+                     'oneDNN graph rewrite (CPUs with AVX512_BF16 or AMX); '
+                     'variables, gradient accumulation, BatchNorm statistics '
+                     'and checkpoints stay float32, so a checkpoint resumes '
+                     'and evaluates with or without it. CPU workers only.')
+flags.DEFINE_enum('transfer_dtype', 'float32', ['float32', 'bfloat16'],
+                  'Worker in a cluster: what the weights (ps to worker) and '
+                  'their gradients (worker to ps) cross the network as, cast '
+                  'on the side they leave from; accumulated and applied in '
+                  'float32 on the ps. bfloat16 halves the bytes per step.')
 flags.DEFINE_list('trace_steps', [],
                   'Worker: its own steps (from 1) to write a Chrome trace '
                   'of, into --train_dir, e.g. 50,51.')
@@ -171,6 +182,10 @@ def check_flags():
   task = cluster_config.resolve_task(
       FLAGS.job_name, FLAGS.task_index, FLAGS.ps_hosts, FLAGS.worker_hosts,
       FLAGS.replicas_to_aggregate, FLAGS.existing_servers)
+  if FLAGS.mixed_precision and FLAGS.num_gpus:
+    raise cluster_config.UsageError(
+        '--mixed_precision is oneDNN\'s bfloat16 on the CPU; on a GPU it is '
+        'not built yet: drop --mixed_precision or --num_gpus')
   if FLAGS.num_gpus and task.job_name == 'worker':
     visible = len(tf.config.list_physical_devices('GPU'))
     if FLAGS.num_gpus > visible:
@@ -240,7 +255,8 @@ def build_graph(task, cluster):
         images, labels, len(task.ps_hosts), task.task_index == 0,
         (FLAGS.initial_learning_rate, decay_steps,
          FLAGS.learning_rate_decay_factor),
-        (replicas, num_workers) if sync else None)
+        (replicas, num_workers) if sync else None,
+        tf.as_dtype(FLAGS.transfer_dtype) if cluster else None)
 
 
 def connect(task, cluster, config):
@@ -295,7 +311,10 @@ def train_worker(task, cluster):
         len(task.ps_hosts), task_index, graph.sync_opt if is_chief else None)
   config = cluster_runtime.session_config(
       'worker', task_index, task.worker_hosts if cluster else None,
-      FLAGS.num_gpus, FLAGS.intra_op_threads, FLAGS.log_device_placement)
+      FLAGS.num_gpus, FLAGS.intra_op_threads, FLAGS.log_device_placement,
+      FLAGS.mixed_precision)
+  if FLAGS.mixed_precision:
+    print(cluster_runtime.mixed_precision_line('Worker %d' % task_index))
   master = connect(task, cluster, config)
   # Only now, with the data checked and the port ours, touch train_dir: a
   # mistake on the command line must not cost a --fresh_start deletion.

@@ -9,6 +9,7 @@ reached is read after its update.
 import collections
 
 import tensorflow as tf
+from tensorflow.python.ops import variables as tf_variables
 
 import cifar10_model
 import ps_placement
@@ -47,7 +48,49 @@ def decay_steps(num_train_records, examples_per_step, num_epochs_per_decay):
   return max(1, int(steps_per_epoch * num_epochs_per_decay))
 
 
-def build(images, labels, num_ps, is_chief, learning_rate, sync=None):
+def wire_getter(dtype):
+  """A variable_scope custom getter through which the worker reads each
+  trainable variable from its ps once per step, as dtype; None for no
+  cluster (the variables are local).
+
+  Without it the worker pulls every weight twice: the layer reads it for
+  its convolution and again for its L2 regularizer (measured in a traced
+  step: 1,441,281 bytes for a model of 719,848). Through it both use one
+  read on the worker. With dtype bfloat16 each variable is cast beside it,
+  on its ps, and back to float32 on the worker, so the pull moves half the
+  bytes again; built with colocate_gradients_with_ops, the gradient of the
+  two casts is their mirror image, cast to bfloat16 on the worker and back
+  to float32 on the ps, where it is accumulated and applied in float32. A
+  partitioned variable is read part by part, each from its own ps, and
+  joined on the worker. BatchNorm's moving statistics (not trainable) stay
+  as they are: only the ps reads and updates them.
+  """
+  if dtype is None:
+    return None
+
+  def on_the_wire(part):
+    if dtype == part.dtype.base_dtype:
+      return part.value()
+    with tf1.colocate_with(part):
+      return tf.cast(part, dtype)
+
+  def getter(next_getter, *args, **kwargs):
+    var = next_getter(*args, **kwargs)
+    if not kwargs.get('trainable', True):
+      return var
+    if isinstance(var, tf_variables.PartitionedVariable):
+      axis = next((i for i, n in enumerate(var._get_partitions()) if n > 1),  # pylint: disable=protected-access
+                  0)
+      sent = tf.concat([on_the_wire(p) for p in var], axis)
+    else:
+      sent = on_the_wire(var)
+    # The one read, on the worker, that the layer and its regularizer use.
+    return tf.identity(tf.cast(sent, var.dtype.base_dtype))
+  return getter
+
+
+def build(images, labels, num_ps, is_chief, learning_rate, sync=None,
+          transfer_dtype=None):
   """Builds the model, loss and train op in the current device scope.
 
   Args:
@@ -58,12 +101,16 @@ def build(images, labels, num_ps, is_chief, learning_rate, sync=None):
       reference's staircase schedule.
     sync: (replicas_to_aggregate, total workers) for SyncReplicasOptimizer;
       None for asynchronous training or one process.
+    transfer_dtype: What the weights and their gradients cross the network
+      as, between the ps tasks and this worker (see wire_getter); None
+      without a network (one process).
 
   Returns:
     A TrainingGraph. Running step_after runs one training step.
   """
   global_step = tf1.train.get_or_create_global_step()
-  with tf1.variable_scope('', partitioner=ps_placement.partitioner(num_ps)):
+  with tf1.variable_scope('', partitioner=ps_placement.partitioner(num_ps),
+                          custom_getter=wire_getter(transfer_dtype)):
     logits = cifar10_model.inference(images, is_training=True,
                                      dropout_keep_prob=DROPOUT_KEEP_PROB)
   loss = cifar10_model.loss(logits, labels)
@@ -74,6 +121,8 @@ def build(images, labels, num_ps, is_chief, learning_rate, sync=None):
                                    staircase=True)
   opt = tf1.train.GradientDescentOptimizer(lr)
   averages = cifar10_model.moving_averages(global_step)
+  # The gradients of wire_getter's casts where the casts are.
+  colocate = transfer_dtype not in (None, tf.float32)
   if sync:
     # The chief's sync op updates the averages once per global step, after
     # it applied the aggregated gradients.
@@ -82,10 +131,11 @@ def build(images, labels, num_ps, is_chief, learning_rate, sync=None):
         variable_averages=averages,
         variables_to_average=tf1.trainable_variables(),
         name='cifar10_sync_replicas')
-    minimize = opt.minimize(loss, global_step=global_step)
+    minimize = opt.minimize(loss, global_step=global_step,
+                            colocate_gradients_with_ops=colocate)
   else:
-    with tf.control_dependencies([opt.minimize(loss,
-                                               global_step=global_step)]):
+    with tf.control_dependencies([opt.minimize(
+        loss, global_step=global_step, colocate_gradients_with_ops=colocate)]):
       minimize = averages.apply(tf1.trainable_variables())
   # BatchNorm moving statistics get one update per global step, as in a
   # single process: from each step of an asynchronous worker, and in

@@ -16,6 +16,7 @@ while a step is blocked.
 import collections
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -352,8 +353,40 @@ class TraceSteps(tf1.train.SessionRunHook):
         self._task_index, self._local_step))
     with open(path, 'w') as f:
       f.write(trace.generate_chrome_trace_format())
-    print('Worker %d: wrote the trace of its step %d to %s' % (
-        self._task_index, self._local_step, path), flush=True)
+    pulled, pushed = transfer_bytes(run_values.run_metadata.step_stats,
+                                    '/job:worker/replica:0/task:%d/' %
+                                    self._task_index)
+    print('Worker %d: wrote the trace of its step %d to %s; the step pulled '
+          '%d bytes from the ps tasks and pushed %d' % (
+              self._task_index, self._local_step, path, pulled, pushed),
+          flush=True)
+
+
+# The label of a transfer in a step's stats: `[18432B] [248.2Mb/s]
+# edge_77_Cast_4 from /job:ps/replica:0/task:0/device:CPU:0 to /job:...`
+# (its size rounded, `[0.3MB]`, for large ones: the exact size is the
+# RecvTensor's output allocation).
+TRANSFER = re.compile(r'^\[[\d.]+[KMG]?B\] .* from (\S+) to (\S+)$')
+
+
+def transfer_bytes(step_stats, worker):
+  """(bytes from the ps tasks to worker, bytes from worker to them) in a
+  traced step, from its RecvTensor records (the ps side's only when a ps
+  sent its stats back in time)."""
+  pulled = pushed = 0
+  for device in step_stats.dev_stats:
+    for node in device.node_stats:
+      match = TRANSFER.match(node.timeline_label)
+      if node.node_name != 'RecvTensor' or not match:
+        continue
+      size = sum(o.tensor_description.allocation_description.requested_bytes
+                 for o in node.output)
+      source, dest = match.groups()
+      if source.startswith('/job:ps/') and dest.startswith(worker):
+        pulled += size
+      elif source.startswith(worker) and dest.startswith('/job:ps/'):
+        pushed += size
+  return pulled, pushed
 
 
 class StopOnSignal(tf1.train.SessionRunHook):

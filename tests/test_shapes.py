@@ -118,10 +118,19 @@ def assert_traced(procs, train_dir, shape):
         ops.setdefault(rows[e['pid']], set()).add(op)
     worker = '/job:worker/replica:0/task:%d/device:CPU:0 Compute' % i
     assert {'Conv2D', 'Conv2DBackpropFilter', 'RecvTensor'} <= ops[worker]
+    # Each weight crosses once per step (not again for its regularizer):
+    # the model's float32 bytes, and a few small tensors.
+    pulled = int(re.search(r'the step pulled (\d+) bytes from the ps tasks',
+                           procs.log('worker%d' % i)).group(1))
+    assert MODEL_BYTES <= pulled < 1.05 * MODEL_BYTES, pulled
     ps_sides.append([{'RecvTensor', 'ResourceAccumulatorApplyGradient'} <=
                      ops.get('/job:ps/replica:0/task:%d/device:CPU:0 '
                              'Compute' % t, set()) for t in range(num_ps)])
   assert [True] * num_ps in ps_sides, ps_sides
+
+
+# A worker's float32 read of the model: 179,962 trainable parameters.
+MODEL_BYTES = 179962 * 4
 
 
 def assert_steps(shape, name_step, step, max_steps):
