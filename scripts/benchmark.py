@@ -7,17 +7,20 @@ Prints a Markdown table and writes the numbers as JSON:
   memory (no augmentation: an upper bound);
 - training images/s, steady state, summed over the workers: one process
   (--ps_hosts=), 1 ps + 1 worker, 1 ps + 2 workers and 2 ps + 2 workers,
-  synchronous and asynchronous, each also as a ratio to the single process
-  in the same round; --rounds rounds, the median reported;
+  synchronous and asynchronous, one process and 1 ps + 2 workers with
+  --mixed_precision, 1 ps + 2 workers with --transfer_dtype=bfloat16, each
+  also as a ratio to the single process in the same round; --rounds rounds,
+  the median reported; --only picks some of them;
 - startup: seconds from launching a 1 ps + 2 worker synchronous cluster to
   its first step, minus the time to import TensorFlow; shutdown:
   from the last step to every process gone;
 - bytes moved between a worker and the ps per step, and what that costs on
   1 Gb/s and 10 Gb/s networks;
 - slow networks (root and iproute2): 1 and 2 ps + 2 synchronous workers,
-  every task a host of its own (network_namespaces.py) on links limited to
-  each --network_rates rate, beside what the bytes predict; a PNG of
-  images/s against the rate. Skipped, saying why, elsewhere.
+  and 1 ps with bfloat16 transfers, every task a host of its own
+  (network_namespaces.py) on links limited to each --network_rates rate,
+  beside what the bytes predict; a PNG of images/s against the rate.
+  Skipped, saying why, elsewhere.
 
 Absolute numbers depend on the machine and whatever else runs on it; the
 ratios, measured minutes apart on the same machine, are what to compare.
@@ -48,6 +51,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 import cifar10_input  # pylint: disable=g-import-not-at-top,wrong-import-position
+import cluster_runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
 import cifar10_model  # pylint: disable=g-import-not-at-top,wrong-import-position
 from free_ports import free_ports  # pylint: disable=g-import-not-at-top,wrong-import-position
 import network_namespaces  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -62,6 +66,16 @@ QUICK_RUNS = ('single process', '1 ps + 2 workers, sync',
 TRAINER = os.path.join(ROOT, 'train_distributed.py')
 PROGRESS = re.compile(r'^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}): step (\d+), '
                       r'loss = ', re.M)
+
+
+def cpu_model():
+  """This machine's CPU, as /proc/cpuinfo names it."""
+  try:
+    with open('/proc/cpuinfo') as f:
+      return next(l.split(':', 1)[1].strip() for l in f
+                  if l.startswith('model name'))
+  except (OSError, StopIteration):
+    return platform.processor() or platform.machine()
 
 
 def import_seconds(tries):
@@ -251,10 +265,12 @@ def progress_times(log_path):
 
 # --- Slow networks ----------------------------------------------------------
 
-def train_over_links(data_dir, work, steps, batch_sizes, rates, extra):
+def train_over_links(data_dir, work, steps, batch_sizes, rates, extra,
+                     wire_dtypes=('float32',)):
   """1 and 2 ps + 2 synchronous workers, every task a host of its own on
-  links of each rate (Mbit/s), at each batch size; returns [measurements],
-  or why it can't.
+  links of each rate (Mbit/s), at each batch size, and 1 ps with each
+  other --transfer_dtype of wire_dtypes; returns [measurements], or why it
+  can't.
 
   The hosts share this machine's cores: two workers computing at once take
   about twice as long per step as each would on a machine of its own. Run
@@ -265,10 +281,13 @@ def train_over_links(data_dir, work, steps, batch_sizes, rates, extra):
   """
   why = network_namespaces.why_unavailable()
   runs = []
-  links = [(b, m, p) for b in batch_sizes for m in rates for p in (1, 2)]
-  for batch_size, mbit, num_ps in ([] if why else links):
-    name = '%d ps + 2 workers, sync, %s, batch %d' % (
-        num_ps, link_name(mbit), batch_size)
+  links = [(b, m, p, d) for b in batch_sizes for m in rates
+           for p, d in [(1, 'float32'), (2, 'float32')] + [
+               (1, d) for d in wire_dtypes if d != 'float32']]
+  for batch_size, mbit, num_ps, dtype in ([] if why else links):
+    name = '%d ps + 2 workers, sync, %s, batch %d%s' % (
+        num_ps, link_name(mbit), batch_size,
+        '' if dtype == 'float32' else ', %s transfers' % dtype)
     print('Training: %s...' % name, flush=True)
     network = network_namespaces.Network(rate_mbit=mbit)
     try:
@@ -279,10 +298,12 @@ def train_over_links(data_dir, work, steps, batch_sizes, rates, extra):
       break
     try:
       run = run_training(re.sub(r'\W+', '_', name), data_dir, work, num_ps,
-                         2, steps, batch_size, extra, network)
+                         2, steps, batch_size,
+                         extra + ['--transfer_dtype=' + dtype], network)
     finally:
       network.close()
     run.update(name=name, num_ps=num_ps, mbit=mbit, batch_size=batch_size,
+               transfer_dtype=dtype,
                ms_per_step=1e3 * 2 * batch_size / run['images_per_sec'])
     runs.append(run)
   if why:
@@ -302,7 +323,8 @@ def measure_networks(args, data_dir, work, extra, bytes_):
                   for d in ((2,) if args.quick else (2, 4))])
   network = train_over_links(
       data_dir, work, args.network_steps or (10 if args.quick else 60),
-      batch_sizes, [int(r) for r in rates.split(',') if r], extra)
+      batch_sizes, [int(r) for r in rates.split(',') if r], extra,
+      ['float32'] if args.quick else args.network_transfer_dtypes.split(','))
   predict_network(network, bytes_)
   return batch_sizes, network
 
@@ -320,19 +342,21 @@ def predict_network(network, bytes_):
   link's bytes each way over the rate. (The push in fact runs during the
   backward pass, so a step may lose less than this.)
   """
-  model = bytes_['pull']
   for run in network.get('runs', []):
+    model = bytes_['pull'] * tf.as_dtype(run['transfer_dtype']).size / 4
     ps_link = bytes_['largest_ps_share'][run['num_ps']] * model * 2
     busiest = max(ps_link, model)
     run['predicted_network_ms'] = 2 * busiest * 8 / (run['mbit'] * 1e6) * 1e3
   by_link = {}
   for run in network.get('runs', []):
     by_link.setdefault((run['mbit'], run['batch_size']), {})[
-        run['num_ps']] = run
-  for pair in by_link.values():
-    if len(pair) == 2:
-      pair[2]['speedup_over_1_ps'] = (pair[2]['images_per_sec'] /
-                                      pair[1]['images_per_sec'])
+        run['num_ps'], run['transfer_dtype']] = run
+  for same_link in by_link.values():
+    base = same_link.get((1, 'float32'))
+    for (num_ps, dtype), run in same_link.items():
+      if base and run is not base:
+        run['speedup_over_1_ps'] = (run['images_per_sec'] /
+                                    base['images_per_sec'])
 
 
 def plot_network(network, path):
@@ -341,14 +365,17 @@ def plot_network(network, path):
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, ax = plt.subplots(figsize=(6, 4))
-  lines = sorted({(r['batch_size'], r['num_ps']) for r in network['runs']},
-                 reverse=True)
-  for batch_size, num_ps in lines:
+  lines = sorted({(r['batch_size'], r['num_ps'], r['transfer_dtype'])
+                  for r in network['runs']}, reverse=True)
+  for batch_size, num_ps, dtype in lines:
     runs = sorted((r['mbit'], r['images_per_sec']) for r in network['runs']
-                  if (r['batch_size'], r['num_ps']) == (batch_size, num_ps))
+                  if (r['batch_size'], r['num_ps'], r['transfer_dtype']) ==
+                  (batch_size, num_ps, dtype))
     ax.plot([m for m, _ in runs], [i for _, i in runs], marker='o',
-            linestyle='-' if num_ps == 2 else '--',
-            label='%d ps + 2 workers, batch %d' % (num_ps, batch_size))
+            linestyle='-' if num_ps == 2 else ':' if dtype != 'float32'
+            else '--', label='%d ps + 2 workers, batch %d%s' % (
+                num_ps, batch_size,
+                '' if dtype == 'float32' else ', %s transfers' % dtype))
   ax.set_xscale('log')
   ax.set_xlabel('link rate of every task (Mbit/s)')
   ax.set_ylabel('images/s (both workers)')
@@ -362,10 +389,13 @@ def plot_network(network, path):
 
 def markdown(results):
   """Formats the results as Markdown tables."""
-  out = ['Machine: %s, %d cores; TensorFlow %s; batch %d; %d steps per '
-         'training run.' % (results['machine'], results['cores'],
-                            results['tensorflow'], results['batch_size'],
-                            results['steps']), '',
+  bf16 = results['cpu_bf16']
+  out = ['Machine: %s, %d cores (bfloat16 instructions: %s); TensorFlow %s; '
+         'batch %d; %d steps per training run.' % (
+             results['machine'], results['cores'],
+             ', '.join(bf16) if bf16 else 'none' if bf16 is not None else
+             'unknown', results['tensorflow'], results['batch_size'],
+             results['steps']), '',
          '| input pipeline | records/s | x training needs |', '|---|---|---|']
   need = results['training']['single process']['images_per_sec']
   for name, rate in results['input'].items():
@@ -402,7 +432,7 @@ def network_markdown(network):
   if 'skipped' in network:
     return ['', 'Slow networks: not measured (%s).' % network['skipped']]
   out = ['', '| every task on its own link | images/s | ms per step | '
-         'transfers predicted, ms | x 1 ps |', '|---|---|---|---|---|']
+         'transfers predicted, ms | x 1 ps, float32 |', '|---|---|---|---|---|']
   for r in network['runs']:
     out.append('| %s | %.0f | %.0f | %.0f | %s |' % (
         r['name'], r['images_per_sec'], r['ms_per_step'],
@@ -442,6 +472,13 @@ def parse_args(argv):
                       'comma-separated (default: half and a quarter of '
                       '--batch_size, with --quick half: see '
                       'train_over_links)')
+  parser.add_argument('--only',
+                      help='a regular expression: train only the '
+                      'configurations whose name it finds, and the single '
+                      'process, e.g. "mixed precision"')
+  parser.add_argument('--network_transfer_dtypes', default='float32,bfloat16',
+                      help='--transfer_dtype values of the 1 ps slow-network '
+                      'runs (default: %(default)s, with --quick float32)')
   parser.add_argument('--plot', default='benchmark_network.png',
                       help='where to draw images/s against link rate '
                       '(default: %(default)s)')
@@ -465,7 +502,8 @@ def main(argv=None):
       data_dir = os.path.join(work, 'data')
       make_synthetic_cifar10.main(['--data_dir', data_dir, '--train_records',
                                    '2000', '--test_records', '100'])
-    results = {'machine': platform.processor() or platform.machine(),
+    results = {'machine': cpu_model(),
+               'cpu_bf16': cluster_runtime.cpu_bf16_flags(),
                'cores': len(os.sched_getaffinity(0)),
                'tensorflow': tf.__version__, 'batch_size': args.batch_size,
                'steps': steps, 'num_gpus': args.num_gpus,
@@ -481,8 +519,9 @@ def main(argv=None):
     }
     results['training'] = train_all(data_dir, work, steps, args.batch_size,
                                     extra, args.num_gpus, results['rounds'],
-                                    args.quick)
-    sync = results['training']['1 ps + 2 workers, sync']
+                                    args.quick, args.only)
+    sync = results['training'].get('1 ps + 2 workers, sync',
+                                   results['training']['single process'])
     imports = import_seconds(1 if args.quick else 2)
     results['startup'] = {
         'import_secs': imports,
@@ -508,7 +547,7 @@ def main(argv=None):
 
 
 def train_all(data_dir, work, steps, batch_size, extra, num_gpus, rounds,
-              quick):
+              quick, only=None):
   """Runs the training configurations (with quick, those of QUICK_RUNS),
   round after round; returns {name: measurements}, each the median of the
   rounds.
@@ -519,13 +558,21 @@ def train_all(data_dir, work, steps, batch_size, extra, num_gpus, rounds,
   one reported.
   """
   runs = [('single process', 0, 1, []),
+          ('single process, mixed precision', 0, 1, ['--mixed_precision']),
           ('1 ps + 1 worker', 1, 1, []),
           ('1 ps + 2 workers, sync', 1, 2, []),
+          ('1 ps + 2 workers, sync, mixed precision', 1, 2,
+           ['--mixed_precision']),
+          ('1 ps + 2 workers, sync, bfloat16 transfers', 1, 2,
+           ['--transfer_dtype=bfloat16']),
           ('1 ps + 2 workers, async', 1, 2, ['--nosync_replicas']),
           ('2 ps + 2 workers, sync', 2, 2, []),
           ('2 ps + 2 workers, async', 2, 2, ['--nosync_replicas'])]
   if quick:
     runs = [r for r in runs if r[0] in QUICK_RUNS]
+  if only:  # The single process stays: the ratios are to it.
+    runs = [r for r in runs if r[0] == 'single process' or
+            re.search(only, r[0])]
   measured = {name: [] for name, _, _, _ in runs}
   for i in range(rounds):
     for name, num_ps, num_workers, flags in runs:
