@@ -28,6 +28,12 @@ def cluster_flags(data_dir, train_dir, num_workers=2, num_ps=1):
           '--data_dir=' + data_dir, '--train_dir=' + train_dir] + FAST
 
 
+def single_process_flags(data_dir, train_dir):
+  """The flags of a one-process run (no cluster), with FAST settings."""
+  return ['--ps_hosts=', '--data_dir=' + data_dir,
+          '--train_dir=' + train_dir] + FAST
+
+
 def start_cluster(procs, flags, num_workers=2, num_ps=1, suffix='',
                   tf_config=False):
   """Starts the ps tasks, then the workers from the last to the chief.
@@ -192,8 +198,7 @@ def test_bad_flags_give_one_line_and_exit_2(procs, tmp_path):
 def test_fresh_start_empties_train_dir_and_starts_over(procs, tiny_data,
                                                       tmp_path):
   train_dir = str(tmp_path / 'train')
-  flags = ['--ps_hosts=', '--data_dir=' + tiny_data,
-           '--train_dir=' + train_dir, '--max_steps=10'] + FAST
+  flags = single_process_flags(tiny_data, train_dir) + ['--max_steps=10']
   procs.trainer('first', *flags)
   assert procs.wait_all(timeout=120) == {'first': 0}, procs.tails()
   (tmp_path / 'train' / 'stale.txt').write_text('from the first run')

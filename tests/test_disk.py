@@ -15,8 +15,9 @@ import pytest
 import tensorflow as tf
 
 import checkpoints
-from test_cluster import FAST, OWN_LINE, checkpoint_step
-from test_cluster import cluster_flags, latest_step, start_cluster
+from test_cluster import OWN_LINE, checkpoint_step
+from test_cluster import cluster_flags, latest_step, single_process_flags
+from test_cluster import start_cluster
 from test_faults import wait_until
 
 
@@ -76,8 +77,8 @@ def test_a_failed_checkpoint_write_is_one_line_and_loses_nothing(
     flags = cluster_flags(tiny_data, train_dir, num_workers, num_ps) + run
     start_cluster(procs, flags, num_workers, num_ps)
   else:
-    procs.trainer('worker0', '--ps_hosts=', '--data_dir=' + tiny_data,
-                  '--train_dir=' + train_dir, *(FAST + run))
+    procs.trainer('worker0', *(single_process_flags(tiny_data, train_dir) +
+                               run))
   wait_until(lambda: latest_step(train_dir) >= 10, 120, 'checkpoint 10',
              procs)
   break_it(how, train_dir)
@@ -127,8 +128,7 @@ def data_files(train_dir, step):
 def test_a_damaged_checkpoint_is_skipped_never_deleted(procs, tiny_data,
                                                       tmp_path):
   train_dir = str(tmp_path / 'train')
-  flags = ['--ps_hosts=', '--data_dir=' + tiny_data,
-           '--train_dir=' + train_dir] + FAST
+  flags = single_process_flags(tiny_data, train_dir)
   procs.trainer('first', '--max_steps=30', '--save_checkpoint_steps=10',
                 *flags)
   assert procs.wait_all(timeout=120) == {'first': 0}, procs.tails()

@@ -12,8 +12,8 @@ import re
 
 import tensorflow as tf
 
-from test_cluster import FAST, assert_clean_logs, checkpoint_step
-from test_cluster import cluster_flags, start_cluster
+from test_cluster import assert_clean_logs, checkpoint_step
+from test_cluster import cluster_flags, single_process_flags, start_cluster
 
 # What a worker reads of the model per step, in float32: its 179,962
 # trainable parameters, once (see training_graph.wire_getter).
@@ -62,10 +62,11 @@ def test_both_flags_in_a_synchronous_cluster_then_resumed_async(
     assert rewritten(train_dir, w)
     (pulled, pushed), = traced_bytes(procs.log('worker%d' % w))
     # Half the float32 bytes each way (and a few small float32 tensors:
-    # the global step, the BatchNorm statistics the chief reads). A ps
-    # that did not send its stats back in time shows no push.
+    # the global step, the BatchNorm statistics the chief reads). The push
+    # is counted where the ps tasks received it: only the part of each ps
+    # that sent its stats back in time.
     assert MODEL_BYTES / 2 <= pulled < 0.52 * MODEL_BYTES, pulled
-    assert pushed == 0 or MODEL_BYTES / 2 <= pushed < 0.52 * MODEL_BYTES
+    assert pushed < 0.52 * MODEL_BYTES, pushed
   assert_float32_checkpoint(train_dir)
   assert_clean_logs(procs)
   # Resumed asynchronously on 1 ps, bfloat16 on the wire, float32 compute.
@@ -87,8 +88,7 @@ def test_both_flags_in_a_synchronous_cluster_then_resumed_async(
 def test_mixed_precision_in_one_process_then_without(procs, tiny_data,
                                                     tmp_path):
   train_dir = str(tmp_path / 'train')
-  flags = ['--ps_hosts=', '--data_dir=' + tiny_data,
-           '--train_dir=' + train_dir] + FAST
+  flags = single_process_flags(tiny_data, train_dir)
   procs.trainer('mixed', '--max_steps=15', '--mixed_precision',
                 '--trace_steps=3', *flags)
   assert procs.wait_all(timeout=120) == {'mixed': 0}, procs.tails()
