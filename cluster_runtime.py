@@ -85,6 +85,20 @@ def session_config(job_name, task_index, worker_hosts=None, num_gpus=0,
   return config
 
 
+def check_devices(num_gpus, mixed_precision):
+  """Raises UsageError if a worker cannot have the devices it is asked for:
+  more GPUs than it sees, or --mixed_precision on a GPU (not built)."""
+  if mixed_precision and num_gpus:
+    raise UsageError('--mixed_precision is oneDNN\'s bfloat16 on the CPU; on '
+                     'a GPU it is not built yet: drop --mixed_precision or '
+                     '--num_gpus')
+  visible = len(tf.config.list_physical_devices('GPU')) if num_gpus else 0
+  if num_gpus > visible:
+    raise UsageError('--num_gpus=%d but %d GPU(s) are visible: lower '
+                     '--num_gpus or check CUDA_VISIBLE_DEVICES' % (num_gpus,
+                                                                   visible))
+
+
 # /proc/cpuinfo's names of the instructions oneDNN runs bfloat16 with.
 BF16_FLAGS = ('avx512_bf16', 'amx_bf16')
 

@@ -131,16 +131,11 @@ flags.DEFINE_float('eval_interval_secs', 5,
 flags.DEFINE_boolean('run_once', False,
                      'Evaluator: evaluate the latest checkpoint and exit.')
 flags.DEFINE_boolean('mixed_precision', False,
-                     'Worker: compute in bfloat16 through TensorFlow\'s '
-                     'oneDNN graph rewrite (CPUs with AVX512_BF16 or AMX); '
-                     'variables, gradient accumulation, BatchNorm statistics '
-                     'and checkpoints stay float32, so a checkpoint resumes '
-                     'and evaluates with or without it. CPU workers only.')
+                     'CPU worker: compute in bfloat16 (oneDNN\'s graph '
+                     'rewrite); variables and checkpoints stay float32.')
 flags.DEFINE_enum('transfer_dtype', 'float32', ['float32', 'bfloat16'],
-                  'Worker in a cluster: what the weights (ps to worker) and '
-                  'their gradients (worker to ps) cross the network as, cast '
-                  'on the side they leave from; accumulated and applied in '
-                  'float32 on the ps. bfloat16 halves the bytes per step.')
+                  'Worker in a cluster: what weights and gradients cross the '
+                  'network as; the ps accumulates and applies in float32.')
 flags.DEFINE_list('trace_steps', [],
                   'Worker: its own steps (from 1) to write a Chrome trace '
                   'of, into --train_dir, e.g. 50,51.')
@@ -182,16 +177,8 @@ def check_flags():
   task = cluster_config.resolve_task(
       FLAGS.job_name, FLAGS.task_index, FLAGS.ps_hosts, FLAGS.worker_hosts,
       FLAGS.replicas_to_aggregate, FLAGS.existing_servers)
-  if FLAGS.mixed_precision and FLAGS.num_gpus:
-    raise cluster_config.UsageError(
-        '--mixed_precision is oneDNN\'s bfloat16 on the CPU; on a GPU it is '
-        'not built yet: drop --mixed_precision or --num_gpus')
-  if FLAGS.num_gpus and task.job_name == 'worker':
-    visible = len(tf.config.list_physical_devices('GPU'))
-    if FLAGS.num_gpus > visible:
-      raise cluster_config.UsageError(
-          '--num_gpus=%d but %d GPU(s) are visible: lower --num_gpus or '
-          'check CUDA_VISIBLE_DEVICES' % (FLAGS.num_gpus, visible))
+  if task.job_name == 'worker':
+    cluster_runtime.check_devices(FLAGS.num_gpus, FLAGS.mixed_precision)
   return task
 
 

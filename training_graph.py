@@ -89,6 +89,35 @@ def wire_getter(dtype):
   return getter
 
 
+def optimize(loss, lr, global_step, sync, colocate):
+  """SGD on loss, then the weights' moving averages.
+
+  Args:
+    loss, lr, global_step: The loss, learning rate and global step.
+    sync: (replicas_to_aggregate, total workers), or None.
+    colocate: colocate_gradients_with_ops, for wire_getter's casts.
+
+  Returns:
+    (the optimizer, the op that runs one update), the optimizer a
+    SyncReplicasOptimizer with sync.
+  """
+  opt = tf1.train.GradientDescentOptimizer(lr)
+  averages = cifar10_model.moving_averages(global_step)
+  if not sync:
+    with tf.control_dependencies([opt.minimize(
+        loss, global_step=global_step, colocate_gradients_with_ops=colocate)]):
+      return opt, averages.apply(tf1.trainable_variables())
+  # The chief's sync op updates the averages once per global step, after it
+  # applied the aggregated gradients.
+  opt = tf1.train.SyncReplicasOptimizer(
+      opt, replicas_to_aggregate=sync[0], total_num_replicas=sync[1],
+      variable_averages=averages,
+      variables_to_average=tf1.trainable_variables(),
+      name='cifar10_sync_replicas')
+  return opt, opt.minimize(loss, global_step=global_step,
+                           colocate_gradients_with_ops=colocate)
+
+
 def build(images, labels, num_ps, is_chief, learning_rate, sync=None,
           transfer_dtype=None):
   """Builds the model, loss and train op in the current device scope.
@@ -119,24 +148,8 @@ def build(images, labels, num_ps, is_chief, learning_rate, sync=None,
   initial, steps, factor = learning_rate
   lr = tf1.train.exponential_decay(initial, global_step, steps, factor,
                                    staircase=True)
-  opt = tf1.train.GradientDescentOptimizer(lr)
-  averages = cifar10_model.moving_averages(global_step)
-  # The gradients of wire_getter's casts where the casts are.
-  colocate = transfer_dtype not in (None, tf.float32)
-  if sync:
-    # The chief's sync op updates the averages once per global step, after
-    # it applied the aggregated gradients.
-    opt = tf1.train.SyncReplicasOptimizer(
-        opt, replicas_to_aggregate=sync[0], total_num_replicas=sync[1],
-        variable_averages=averages,
-        variables_to_average=tf1.trainable_variables(),
-        name='cifar10_sync_replicas')
-    minimize = opt.minimize(loss, global_step=global_step,
-                            colocate_gradients_with_ops=colocate)
-  else:
-    with tf.control_dependencies([opt.minimize(
-        loss, global_step=global_step, colocate_gradients_with_ops=colocate)]):
-      minimize = averages.apply(tf1.trainable_variables())
+  opt, minimize = optimize(loss, lr, global_step, sync,
+                           colocate=transfer_dtype not in (None, tf.float32))
   # BatchNorm moving statistics get one update per global step, as in a
   # single process: from each step of an asynchronous worker, and in
   # synchronous training from the chief only (the others' updates would
