@@ -7,8 +7,10 @@ SessionCreator polls for the chief every 0.5 s instead of 30 s, restores the
 newest checkpoint that can be read, says what it waits for and when the
 cluster comes back; CheckpointSaver says in one line why a save failed;
 JoinedWorkers names the workers a synchronous chief goes on without;
-ReportLostTask turns TensorFlow's INFO note about a lost task into one line; run_step recovers from a lost task that TensorFlow
-reports as a cancelled step; TraceSteps writes Chrome traces of chosen steps;
+ReportLostTask turns TensorFlow's INFO note about a lost task into one line;
+run_step recovers from a lost task that TensorFlow reports as a cancelled
+step; TimeLeft estimates the time to --max_steps; TraceSteps writes Chrome
+traces of chosen steps, with the bytes they moved;
 StopOnSignal makes SIGINT/SIGTERM checkpoint (on the chief) and exit even
 while a step is blocked.
 """
@@ -308,10 +310,10 @@ class TimeLeft:
     self._max_steps = max_steps
     self._points = collections.deque(maxlen=self.WINDOW + 1)
 
-  def update(self, step, now=None):
+  def update(self, step):
     """Records the global step reached now; returns the time left, H:MM:SS
     ('?' before the step has moved)."""
-    self._points.append((time.time() if now is None else now, step))
+    self._points.append((time.time(), step))
     (then, first), (now, last) = self._points[0], self._points[-1]
     if last <= first or now <= then:
       return '?'

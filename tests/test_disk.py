@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 import checkpoints
-from test_cluster import OWN_LINE, checkpoint_step
+from test_cluster import assert_clean_logs, checkpoint_step
 from test_cluster import cluster_flags, latest_step, single_process_flags
 from test_cluster import start_cluster
 from test_faults import wait_until
@@ -100,17 +100,7 @@ def test_a_failed_checkpoint_write_is_one_line_and_loses_nothing(
   assert checkpoints.unreadable(last_good) is None
   assert not glob.glob(os.path.join(train_dir, '*_temp*')), os.listdir(
       train_dir)
-  assert_clean_logs_but(procs, errors[0])
-
-
-def assert_clean_logs_but(procs, error):
-  """Only the suite's lines, and the one Error line."""
-  for name in procs.procs:
-    log = procs.log(name)
-    assert 'Traceback' not in log, (name, log)
-    strange = [l for l in log.splitlines()
-               if l != error and not OWN_LINE.fullmatch(l)]
-    assert not strange, (name, log)
+  assert_clean_logs(procs, expected=errors)
 
 
 def cut_in_half(path):
