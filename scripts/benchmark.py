@@ -18,9 +18,11 @@ Prints a Markdown table and writes the numbers as JSON:
   1 Gb/s and 10 Gb/s networks;
 - slow networks (root and iproute2): 1 and 2 ps + 2 synchronous workers,
   and 1 ps with bfloat16 transfers, every task a host of its own
-  (network_namespaces.py) on links limited to each --network_rates rate,
-  beside what the bytes predict; a PNG of images/s against the rate.
-  Skipped, saying why, elsewhere.
+  (network_namespaces.py), each worker on cores of its own, on unlimited
+  links and on links limited to each --network_rates rate, in
+  --network_rounds interleaved rounds; beside each limited run, the step
+  scripts/plan_cluster.py predicts from the unlimited one, and its error;
+  a PNG of images/s against the rate. Skipped, saying why, elsewhere.
 
 Absolute numbers depend on the machine and whatever else runs on it; the
 ratios, measured minutes apart on the same machine, are what to compare.
@@ -55,7 +57,7 @@ import cluster_runtime  # pylint: disable=g-import-not-at-top,wrong-import-posit
 import cifar10_model  # pylint: disable=g-import-not-at-top,wrong-import-position
 from free_ports import free_ports  # pylint: disable=g-import-not-at-top,wrong-import-position
 import network_namespaces  # pylint: disable=g-import-not-at-top,wrong-import-position
-import ps_placement  # pylint: disable=g-import-not-at-top,wrong-import-position
+import plan_cluster  # pylint: disable=g-import-not-at-top,wrong-import-position
 import make_synthetic_cifar10  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 tf1 = tf.compat.v1
@@ -158,20 +160,7 @@ def bytes_per_step():
   return {'trainable_parameters': trainable, 'pull': trainable * 4,
           'push': trainable * 4,
           # One ps holds everything; two hold what ps_placement gives each.
-          'largest_ps_share': {1: 1.0, 2: max(trainable_bytes_per_ps(2)) / (
-              trainable * 4)}}
-
-
-def trainable_bytes_per_ps(num_ps):
-  """The trainable bytes each ps holds, placed as the trainer places them."""
-  cluster = tf.train.ClusterSpec({'ps': ['ps%d:1' % i for i in range(num_ps)],
-                                  'worker': ['worker0:1']})
-  with tf.Graph().as_default(), tf1.device(ps_placement.device_setter(
-      cluster, '/job:worker/task:0')), tf1.variable_scope(
-          '', partitioner=ps_placement.partitioner(num_ps)):
-    cifar10_model.inference(tf1.placeholder(tf.float32, [1, 32, 32, 3]))
-    return [size for _, size in ps_placement.ps_loads(
-        tf1.trainable_variables(), num_ps)]
+          'largest_ps_share': plan_cluster.largest_shares(2)}
 
 
 def run_training(name, data_dir, work, num_ps, num_workers, steps,
@@ -179,7 +168,7 @@ def run_training(name, data_dir, work, num_ps, num_workers, steps,
   """Runs a training job in subprocesses; returns its measurements.
 
   With a network_namespaces.Network, each task runs on a host of its own
-  there; otherwise all on localhost.
+  there, and each worker on cores of its own (pinned_worker).
   """
   train_dir = os.path.join(work, name)
   common = ['--data_dir=' + data_dir, '--train_dir=' + train_dir,
@@ -201,9 +190,14 @@ def run_training(name, data_dir, work, num_ps, num_workers, steps,
     for task in names:
       job = task.rstrip('0123456789')
       index = task[len(job):]
-      tasks.append((task, hosts + ['--job_name=' + job,
-                                   '--task_index=' + index],
-                    network.exec_prefix(task) if network else []))
+      flags, prefix = hosts + ['--job_name=' + job, '--task_index=' + index], []
+      if network:
+        prefix = network.exec_prefix(task)
+        if job == 'worker':
+          cores, threads = pinned_worker(int(index), num_workers)
+          prefix += ['taskset', '-c', cores]
+          flags.append('--intra_op_threads=%d' % threads)
+      tasks.append((task, flags, prefix))
   launched = time.time()
   run_tasks(name, work, [(task, prefix, flags + common)
                          for task, flags, prefix in tasks],
@@ -223,6 +217,22 @@ def run_training(name, data_dir, work, num_ps, num_workers, steps,
   return {'images_per_sec': rate,
           'first_step_secs': min(t[0] for t in lines) - launched,
           'shutdown_secs': gone - max(t[-1] for t in lines)}
+
+
+def pinned_worker(index, num_workers):
+  """(cores for taskset, intra-op threads) of a worker on a host of its own.
+
+  Hosts in network namespaces share this machine's cores; left to the
+  scheduler, a worker waiting on the network lends its core to the other,
+  which then computes faster than it would on a machine of its own. Pinned,
+  each worker has its share of the cores whatever the others do, as on
+  separate machines.
+  """
+  cores = sorted(os.sched_getaffinity(0))
+  each = max(1, len(cores) // num_workers)
+  start = (index * each) % len(cores)
+  mine = cores[start:start + each]
+  return ','.join(str(c) for c in mine), len(mine)
 
 
 def run_tasks(name, work, tasks, timeout):
@@ -266,50 +276,66 @@ def progress_times(log_path):
 # --- Slow networks ----------------------------------------------------------
 
 def train_over_links(data_dir, work, steps, batch_sizes, rates, extra,
-                     wire_dtypes=('float32',)):
+                     wire_dtypes=('float32',), rounds=1):
   """1 and 2 ps + 2 synchronous workers, every task a host of its own on
-  links of each rate (Mbit/s), at each batch size, and 1 ps with each
-  other --transfer_dtype of wire_dtypes; returns [measurements], or why it
-  can't.
+  links of each rate (Mbit/s; None: unlimited), at each batch size, and
+  1 ps with each other --transfer_dtype of wire_dtypes; rounds times,
+  interleaved; returns {'runs': [measurements, the median of the rounds]},
+  or {'skipped': why}.
 
-  The hosts share this machine's cores: two workers computing at once take
-  about twice as long per step as each would on a machine of its own. Run
-  at half the batch, a step computes about as long as the full batch would
-  there, against the same bytes on the wire (the whole model, whatever the
-  batch), which is the balance a real cluster has; at a quarter, the
-  balance of workers twice as fast (or with a GPU).
+  The hosts share this machine's cores, each worker pinned to its share
+  (pinned_worker): on 2 cores, one core each, as two 1-core machines. The
+  unlimited link measures the step the planner starts from: the same
+  cluster when the network costs nothing.
   """
-  why = network_namespaces.why_unavailable()
-  runs = []
-  links = [(b, m, p, d) for b in batch_sizes for m in rates
+  why = network_namespaces.why_unavailable() or (
+      None if rates else 'no --network_rates given')
+  links = [(b, m, p, d) for b in batch_sizes for m in [None] + rates
            for p, d in [(1, 'float32'), (2, 'float32')] + [
                (1, d) for d in wire_dtypes if d != 'float32']]
-  for batch_size, mbit, num_ps, dtype in ([] if why else links):
-    name = '%d ps + 2 workers, sync, %s, batch %d%s' % (
-        num_ps, link_name(mbit), batch_size,
-        '' if dtype == 'float32' else ', %s transfers' % dtype)
-    print('Training: %s...' % name, flush=True)
-    network = network_namespaces.Network(rate_mbit=mbit)
-    try:
-      network.make_hub()
-    except RuntimeError as e:
-      network.close()
-      why = 'cannot make network namespaces here: %s' % e
+  measured = {link: [] for link in links}
+  for i in range(0 if why else rounds):
+    for link in links:
+      batch_size, mbit, num_ps, dtype = link
+      name = link_run_name(*link)
+      print('Slow networks, round %d of %d: %s...' % (i + 1, rounds, name),
+            flush=True)
+      network = network_namespaces.Network(rate_mbit=mbit)
+      try:
+        network.make_hub()
+      except RuntimeError as e:
+        network.close()
+        why = 'cannot make network namespaces here: %s' % e
+        break
+      try:
+        measured[link].append(run_training(
+            '%s_%d' % (re.sub(r'\W+', '_', name), i), data_dir, work, num_ps,
+            2, steps, batch_size, extra + ['--transfer_dtype=' + dtype],
+            network))
+      finally:
+        network.close()
+    if why:
       break
-    try:
-      run = run_training(re.sub(r'\W+', '_', name), data_dir, work, num_ps,
-                         2, steps, batch_size,
-                         extra + ['--transfer_dtype=' + dtype], network)
-    finally:
-      network.close()
-    run.update(name=name, num_ps=num_ps, mbit=mbit, batch_size=batch_size,
-               transfer_dtype=dtype,
-               ms_per_step=1e3 * 2 * batch_size / run['images_per_sec'])
-    runs.append(run)
   if why:
     print('Slow networks: skipped, %s' % why, flush=True)
     return {'skipped': why}
+  runs = []
+  for link, rounds_ in measured.items():
+    batch_size, mbit, num_ps, dtype = link
+    ms = [1e3 * 2 * batch_size / r['images_per_sec'] for r in rounds_]
+    runs.append({'name': link_run_name(*link), 'num_ps': num_ps,
+                 'mbit': mbit, 'batch_size': batch_size,
+                 'transfer_dtype': dtype, 'ms_per_step': statistics.median(ms),
+                 'ms_per_step_rounds': ms,
+                 'images_per_sec': 1e3 * 2 * batch_size / statistics.median(
+                     ms)})
   return {'runs': runs}
+
+
+def link_run_name(batch_size, mbit, num_ps, dtype):
+  return '%d ps + 2 workers, sync, %s, batch %d%s' % (
+      num_ps, link_name(mbit), batch_size,
+      '' if dtype == 'float32' else ', %s transfers' % dtype)
 
 
 def measure_networks(args, data_dir, work, extra, bytes_):
@@ -318,49 +344,46 @@ def measure_networks(args, data_dir, work, extra, bytes_):
   rates = args.network_rates if not (
       args.quick and args.network_rates == NETWORK_RATES) else '100'
   batch_sizes = ([int(b) for b in args.network_batch_sizes.split(',')]
-                 if args.network_batch_sizes else
-                 [max(1, args.batch_size // d)
-                  for d in ((2,) if args.quick else (2, 4))])
+                 if args.network_batch_sizes else [max(1, args.batch_size // 2)])
   network = train_over_links(
       data_dir, work, args.network_steps or (10 if args.quick else 60),
       batch_sizes, [int(r) for r in rates.split(',') if r], extra,
-      ['float32'] if args.quick else args.network_transfer_dtypes.split(','))
+      ['float32'] if args.quick else args.network_transfer_dtypes.split(','),
+      args.network_rounds or (1 if args.quick else 3))
   predict_network(network, bytes_)
   return batch_sizes, network
 
 
 def link_name(mbit):
+  if mbit is None:
+    return 'unlimited'
   return '%g Gbit/s' % (mbit / 1000) if mbit >= 1000 else '%d Mbit/s' % mbit
 
 
 def predict_network(network, bytes_):
-  """Adds to each run what the bytes moved predict for a step's transfers.
-
-  Per global step each worker pulls the variables and pushes as many bytes
-  of gradients; a ps's link carries its share of both, for both workers.
-  Counted one after the other, as if nothing overlapped: 2 x the busiest
-  link's bytes each way over the rate. (The push in fact runs during the
-  backward pass, so a step may lose less than this.)
-  """
+  """Adds to each limited run the planner's prediction, from the unlimited
+  run of the same shape (plan_cluster.predict_step_ms), and its error; and
+  to each run but the 1 ps float32 one its speed-up over that one."""
+  by_shape = {(r['batch_size'], r['num_ps'], r['transfer_dtype'], r['mbit']): r
+              for r in network.get('runs', [])}
   for run in network.get('runs', []):
-    model = bytes_['pull'] * tf.as_dtype(run['transfer_dtype']).size / 4
-    ps_link = bytes_['largest_ps_share'][run['num_ps']] * model * 2
-    busiest = max(ps_link, model)
-    run['predicted_network_ms'] = 2 * busiest * 8 / (run['mbit'] * 1e6) * 1e3
-  by_link = {}
-  for run in network.get('runs', []):
-    by_link.setdefault((run['mbit'], run['batch_size']), {})[
-        run['num_ps'], run['transfer_dtype']] = run
-  for same_link in by_link.values():
-    base = same_link.get((1, 'float32'))
-    for (num_ps, dtype), run in same_link.items():
-      if base and run is not base:
-        run['speedup_over_1_ps'] = (run['images_per_sec'] /
-                                    base['images_per_sec'])
+    free = by_shape[run['batch_size'], run['num_ps'], run['transfer_dtype'],
+                    None]
+    if run['mbit'] is not None:
+      run['predicted_ms'] = plan_cluster.predict_step_ms(
+          free['ms_per_step'], bytes_['pull'],
+          bytes_['largest_ps_share'][run['num_ps']], 2, run['mbit'],
+          tf.as_dtype(run['transfer_dtype']).size)
+      run['prediction_error'] = run['predicted_ms'] / run['ms_per_step'] - 1
+    base = by_shape[run['batch_size'], 1, 'float32', run['mbit']]
+    if run is not base:
+      run['speedup_over_1_ps'] = (run['images_per_sec'] /
+                                  base['images_per_sec'])
 
 
 def plot_network(network, path):
-  """Images/s against link rate, a line per ps count and batch (PNG)."""
+  """Images/s against link rate, a line per ps count and batch, and the
+  planner's predictions as crosses (PNG)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -368,20 +391,28 @@ def plot_network(network, path):
   lines = sorted({(r['batch_size'], r['num_ps'], r['transfer_dtype'])
                   for r in network['runs']}, reverse=True)
   for batch_size, num_ps, dtype in lines:
-    runs = sorted((r['mbit'], r['images_per_sec']) for r in network['runs']
-                  if (r['batch_size'], r['num_ps'], r['transfer_dtype']) ==
-                  (batch_size, num_ps, dtype))
-    ax.plot([m for m, _ in runs], [i for _, i in runs], marker='o',
-            linestyle='-' if num_ps == 2 else ':' if dtype != 'float32'
-            else '--', label='%d ps + 2 workers, batch %d%s' % (
-                num_ps, batch_size,
-                '' if dtype == 'float32' else ', %s transfers' % dtype))
+    runs = sorted((r for r in network['runs']
+                   if (r['batch_size'], r['num_ps'], r['transfer_dtype']) ==
+                   (batch_size, num_ps, dtype) and r['mbit'] is not None),
+                  key=lambda r: r['mbit'])
+    line, = ax.plot([r['mbit'] for r in runs],
+                    [r['images_per_sec'] for r in runs], marker='o',
+                    linestyle='-' if num_ps == 2 else ':' if dtype != 'float32'
+                    else '--', label='%d ps + 2 workers, batch %d%s' % (
+                        num_ps, batch_size,
+                        '' if dtype == 'float32' else ', %s transfers' % dtype))
+    ax.plot([r['mbit'] for r in runs if 'predicted_ms' in r],
+            [2e3 * batch_size / r['predicted_ms'] for r in runs
+             if 'predicted_ms' in r], marker='x', markersize=9,
+            linestyle='none', color=line.get_color())
+  ax.plot([], [], marker='x', linestyle='none', color='gray',
+          label="the planner's prediction")
   ax.set_xscale('log')
   ax.set_xlabel('link rate of every task (Mbit/s)')
   ax.set_ylabel('images/s (both workers)')
   ax.set_ylim(bottom=0)
   ax.grid(True, which='both', alpha=0.3)
-  ax.legend()
+  ax.legend(fontsize='small', loc='lower right')
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
@@ -431,13 +462,19 @@ def network_markdown(network):
   """The slow-network table, or the line that says why there is none."""
   if 'skipped' in network:
     return ['', 'Slow networks: not measured (%s).' % network['skipped']]
-  out = ['', '| every task on its own link | images/s | ms per step | '
-         'transfers predicted, ms | x 1 ps, float32 |', '|---|---|---|---|---|']
+  rounds = len(network['runs'][0]['ms_per_step_rounds'])
+  out = ['', '| every task on its own link (median of %d round%s) | images/s '
+         '| ms per step | planner, ms | planner error | x 1 ps, float32 |' % (
+             rounds, '' if rounds == 1 else 's'),
+         '|---|---|---|---|---|---|']
   for r in network['runs']:
-    out.append('| %s | %.0f | %.0f | %.0f | %s |' % (
+    out.append('| %s | %.0f | %.0f | %s | %s | %s |' % (
         r['name'], r['images_per_sec'], r['ms_per_step'],
-        r['predicted_network_ms'], '%.2fx' % r['speedup_over_1_ps']
-        if 'speedup_over_1_ps' in r else ''))
+        '%.0f' % r['predicted_ms'] if 'predicted_ms' in r else '',
+        '%+.0f%%' % (100 * r['prediction_error'])
+        if 'prediction_error' in r else '',
+        '%.2fx' % r['speedup_over_1_ps'] if 'speedup_over_1_ps' in r
+        else ''))
   return out
 
 
@@ -446,7 +483,7 @@ def parse_args(argv):
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   parser.add_argument('--quick', action='store_true',
                       help='one round of three configurations, fewer steps '
-                      'and shorter timings (under 2 minutes '
+                      'and shorter timings (under 3 minutes '
                       'on 2 cores)')
   parser.add_argument('--data_dir', help='CIFAR-10 binary files (default: a '
                       'synthetic set made in a temporary directory)')
@@ -469,9 +506,13 @@ def parse_args(argv):
                       'with --quick, 60 without)')
   parser.add_argument('--network_batch_sizes',
                       help='batches per worker in the slow-network runs, '
-                      'comma-separated (default: half and a quarter of '
-                      '--batch_size, with --quick half: see '
-                      'train_over_links)')
+                      'comma-separated (default: half of --batch_size, what '
+                      'each of 2 pinned workers computes in the time one '
+                      'process computes the whole)')
+  parser.add_argument('--network_rounds', type=int,
+                      help='times each slow-network run runs, interleaved; '
+                      'the median counts (default: 1 with --quick, 3 '
+                      'without)')
   parser.add_argument('--only',
                       help='a regular expression: train only the '
                       'configurations whose name it finds, and the single '

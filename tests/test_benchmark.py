@@ -7,6 +7,7 @@ checks that the script says why it skipped them.
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 
@@ -14,6 +15,7 @@ import pytest
 
 from conftest import ROOT
 import network_namespaces
+import plan_cluster
 
 # What --quick trains; a full run adds 1 ps + 1 worker and async runs.
 RUNS = {'single process', '1 ps + 2 workers, sync', '2 ps + 2 workers, sync'}
@@ -74,24 +76,34 @@ def assert_network(results, stdout, plot):
     return
   assert results['network_batch_sizes'] == [8]  # Half of --batch_size=16.
   runs = network['runs']
+  # Each shape unlimited (the planner's starting point), then at 100 Mbit/s.
   assert [(r['num_ps'], r['mbit'], r['batch_size']) for r in runs] == [
-      (1, 100, 8), (2, 100, 8)]
+      (1, None, 8), (2, None, 8), (1, 100, 8), (2, 100, 8)]
   share = results['bytes']['largest_ps_share']
   assert share['1'] == 1.0 and 0.5 <= share['2'] <= 0.6
   model = 179962 * 4
+  assert model == plan_cluster.MODEL_BYTES
   for run in runs:
-    assert run['images_per_sec'] > 0
-    assert run['ms_per_step'] == 1e3 * 2 * 8 / run['images_per_sec']
-    # Each worker pulls and pushes the model through the ps links: 1 ps
-    # carries both workers' 2 x 719,848 bytes each way, at 100 Mbit/s.
-    busiest = max(share[str(run['num_ps'])] * model * 2, model)
-    assert run['predicted_network_ms'] == 2 * busiest * 8 / 1e8 * 1e3
-  assert runs[0]['predicted_network_ms'] == pytest.approx(230.35, abs=0.01)
-  assert runs[1]['speedup_over_1_ps'] == (runs[1]['images_per_sec'] /
-                                          runs[0]['images_per_sec'])
-  row = '| 2 ps + 2 workers, sync, 100 Mbit/s, batch 8 | %.0f | %.0f | %.0f ' \
-      '| %.2fx |' % (runs[1]['images_per_sec'], runs[1]['ms_per_step'],
-                     runs[1]['predicted_network_ms'],
-                     runs[1]['speedup_over_1_ps'])
+    assert run['ms_per_step'] == statistics.median(run['ms_per_step_rounds'])
+    assert len(run['ms_per_step_rounds']) == 1
+    assert run['images_per_sec'] == 1e3 * 2 * 8 / run['ms_per_step']
+  for free, run in zip(runs[:2], runs[2:]):
+    # The planner's prediction, from the unlimited run of the same shape.
+    assert 'predicted_ms' not in free
+    assert run['predicted_ms'] == plan_cluster.predict_step_ms(
+        free['ms_per_step'], model, share[str(run['num_ps'])], 2, 100)
+    assert run['prediction_error'] == (run['predicted_ms'] /
+                                       run['ms_per_step'] - 1)
+  # 1 ps carries both workers' 719,848 bytes each way at 100 Mbit/s:
+  # 1.49 MB on the wire (headers included), 119 ms.
+  assert plan_cluster.link_ms(model, 1.0, 2, 100) == pytest.approx(118.97,
+                                                                   abs=0.01)
+  assert runs[3]['speedup_over_1_ps'] == (runs[3]['images_per_sec'] /
+                                          runs[2]['images_per_sec'])
+  row = ('| 2 ps + 2 workers, sync, 100 Mbit/s, batch 8 | %.0f | %.0f | %.0f '
+         '| %+.0f%% | %.2fx |' % (
+             runs[3]['images_per_sec'], runs[3]['ms_per_step'],
+             runs[3]['predicted_ms'], 100 * runs[3]['prediction_error'],
+             runs[3]['speedup_over_1_ps']))
   assert row in stdout
   assert plot.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'

@@ -69,3 +69,52 @@ def test_describe_loads_names_every_ps():
     lines = ps_placement.describe_loads(tf1.global_variables(), 2)
   assert lines == ['ps 0 holds 8 variables, 350640 bytes (48.5%)',
                    'ps 1 holds 17 variables, 372416 bytes (51.5%)']
+
+
+def resolved_task(op, by_name):
+  """(job, task) an op runs on: its own device or its colocation group's."""
+  for group in op.colocation_groups():
+    name = group.decode()[len('loc:@'):]
+    if name != op.name and name in by_name:
+      return resolved_task(by_name[name], by_name)
+  spec = tf.DeviceSpec.from_string(op.device)
+  return spec.job, spec.task
+
+
+@pytest.mark.parametrize('sync', [True, False], ids=['sync', 'async'])
+def test_the_moving_averages_stay_on_their_ps(sync):
+  """Each weight's moving average is updated on the ps that holds both.
+
+  Built where ExponentialMovingAverage.apply is called (the worker, or in
+  SyncReplicasOptimizer the global step's ps), each update read the weight
+  and its average across the network and wrote the average back: with
+  2 ps + 2 sync workers the ps tasks sent each other 1.1 MB a step; async,
+  each worker moved the model twice more per step.
+  """
+  import training_graph  # pylint: disable=g-import-not-at-top
+  graph = tf.Graph()
+  cluster = tf.train.ClusterSpec({'ps': ['ps0:1', 'ps1:1'],
+                                  'worker': ['w0:1', 'w1:1']})
+  with graph.as_default():
+    inputs, variables = training_graph.devices(cluster, 0, 0)
+    with tf1.device(inputs):
+      images = tf1.placeholder(tf.float32, [4, 32, 32, 3])
+      labels = tf1.placeholder(tf.int32, [4])
+    with tf1.device(variables):
+      training_graph.build(images, labels, 2, True, (0.1, 100, 0.1),
+                           sync=(2, 2) if sync else None,
+                           transfer_dtype=tf.float32)
+  by_name = {op.name: op for op in graph.get_operations()}
+  averaged = 0
+  for op in graph.get_operations():
+    here = resolved_task(op, by_name)
+    for tensor in op.inputs:
+      there = resolved_task(tensor.op, by_name)
+      assert not (here[0] == there[0] == 'ps' and here != there), (
+          tensor.name, there, op.name, here)
+    if op.type == 'AssignSubVariableOp' and 'ExponentialMovingAverage' in (
+        op.inputs[0].name):
+      averaged += 1
+      assert here[0] == 'ps', op.name
+  assert averaged == len(graph.get_collection(
+      tf1.GraphKeys.TRAINABLE_VARIABLES))  # One per variable, a slice being one.

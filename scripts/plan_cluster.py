@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""How many ps tasks? Predicts a synchronous cluster's step for 1..N ps.
+
+From a worker's step on a fast network, the model's bytes, the link rate,
+the number of workers and the transfer dtype, prints the predicted ms per
+step and images/s of every ps count, and names the fewest ps tasks within
+5% of the best:
+
+  python3 scripts/plan_cluster.py --step_ms=45 --num_workers=32 --link_gbit=10
+
+The model (predict_step_ms) is the one the benchmark validates: its
+slow-network rows print this prediction beside each measurement
+(docs/performance.md). Every task is assumed to have a link of its own of
+the same rate, as machines on one switch have.
+"""
+
+import argparse
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import tf_log_filter  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+# Bytes on the wire per byte of tensor: TCP/IP and Ethernet headers, and
+# gRPC's framing. Measured on the benchmark's emulated links: 723 KB over
+# one TCP stream took 1.033x its bytes' time from 30 Mbit/s to 1 Gbit/s.
+WIRE_OVERHEAD = 1.033
+# How a synchronous step grows with its transfers. The pull crosses the
+# busiest link before the forward pass can start: all of it is on the
+# critical path. The push runs beside the backward pass: it costs only what
+# does not fit beside HIDDEN_SHARE of the fast-network step (the backward
+# pass, and the ps tasks' own work). What the push costs: the worker's own
+# link once more (OWN_LINK_FACTOR), and a third of the busiest link again
+# (BUSIEST_LINK_EXTRA: the workers' pushes arrive at a ps at once, and TCP
+# restarts slowly after every pause of a step). The three constants were
+# fitted to the benchmark's slow-network runs of 1 and 2 ps + 2 workers,
+# float32 and bfloat16, batch 64 and 32, at 30 and 100 Mbit/s: within 3% of
+# all seven (docs/performance.md).
+BUSIEST_LINK_EXTRA = 0.3
+OWN_LINK_FACTOR = 1.0
+HIDDEN_SHARE = 0.58
+WITHIN = 0.05  # "Within 5% of the best".
+# This network's trainable float32 bytes (tests/test_benchmark.py checks
+# them against the model).
+MODEL_BYTES = 719848
+
+
+def largest_shares(max_ps):
+  """{num_ps: the largest share of the model any ps holds} for this
+  network, placed and partitioned as the trainer places it (builds the
+  model once per ps count)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import cifar10_model  # pylint: disable=g-import-not-at-top
+  import ps_placement  # pylint: disable=g-import-not-at-top
+  tf1 = tf.compat.v1
+  shares = {}
+  for num_ps in range(1, max_ps + 1):
+    cluster = tf.train.ClusterSpec({
+        'ps': ['ps%d:1' % i for i in range(num_ps)], 'worker': ['w:1']})
+    with tf.Graph().as_default(), tf1.device(ps_placement.device_setter(
+        cluster, '/job:worker/task:0')), tf1.variable_scope(
+            '', partitioner=ps_placement.partitioner(num_ps)):
+      cifar10_model.inference(tf1.placeholder(tf.float32, [1, 32, 32, 3]))
+      loads = [size for _, size in ps_placement.ps_loads(
+          tf1.trainable_variables(), num_ps)]
+    shares[num_ps] = max(loads) / float(sum(loads))
+  return shares
+
+
+def even_shares(max_ps):
+  """{num_ps: 1 / num_ps}: a model spread evenly (any other model)."""
+  return {p: 1.0 / p for p in range(1, max_ps + 1)}
+
+
+def link_ms(model_bytes, share, num_workers, mbit, dtype_bytes=4):
+  """The busiest link's transfer, ms each way per step.
+
+  A worker's own link carries the whole model each way (the weights in,
+  the gradients out); a ps's link carries its share for every worker.
+  """
+  wire = model_bytes * dtype_bytes / 4.0 * WIRE_OVERHEAD
+  busiest = wire * max(1.0, num_workers * share)
+  return busiest * 8 / (mbit * 1e6) * 1e3
+
+
+def predict_step_ms(step_ms, model_bytes, share, num_workers, mbit,
+                    dtype_bytes=4):
+  """Predicts a synchronous step, ms: step_ms, the pull, and what of the
+  push does not hide beside the step (see BUSIEST_LINK_EXTRA).
+
+  Args:
+    step_ms: A worker's step when the network costs nothing.
+    model_bytes: The trainable variables' float32 bytes.
+    share: The largest share of them one ps holds.
+    num_workers: Workers (all synchronous).
+    mbit: Every task's link rate, Mbit/s.
+    dtype_bytes: Bytes per value on the wire (2: --transfer_dtype=bfloat16).
+  """
+  busiest = link_ms(model_bytes, share, num_workers, mbit, dtype_bytes)
+  own = link_ms(model_bytes, 0.0, num_workers, mbit, dtype_bytes)
+  push = BUSIEST_LINK_EXTRA * busiest + OWN_LINK_FACTOR * own
+  return step_ms + busiest + max(0.0, push - HIDDEN_SHARE * step_ms)
+
+
+def plan(step_ms, num_workers, mbit, shares, batch_size, model_bytes,
+         dtype_bytes):
+  """Returns [(num_ps, busiest link MB each way, ms per step, images/s)]."""
+  rows = []
+  for num_ps, share in sorted(shares.items()):
+    ms = predict_step_ms(step_ms, model_bytes, share, num_workers, mbit,
+                         dtype_bytes)
+    mb = (model_bytes * dtype_bytes / 4.0 * max(1.0, num_workers * share)
+          / 1e6)
+    rows.append((num_ps, mb, ms, num_workers * batch_size * 1e3 / ms))
+  return rows
+
+
+def fewest_within(rows, within=WITHIN):
+  """The fewest ps tasks whose images/s are within `within` of the best."""
+  best = max(r[3] for r in rows)
+  return next(r[0] for r in rows if r[3] >= best * (1 - within))
+
+
+# The README's "How many ps tasks?" table (--typical): a CPU-class worker
+# computes a step of batch 128 in 45 ms (one process on the 2-core machines
+# of docs/performance.md: 44 ms); a GPU-class one in 5 ms, an assumed figure
+# (no GPU has been measured here).
+TYPICAL_WORKERS = (8, 32, 128)
+TYPICAL_GBIT = (1, 10, 25)
+TYPICAL_STEP_MS = (('CPU-class worker, 45 ms a step', 45.0),
+                   ('GPU-class worker, 5 ms a step', 5.0))
+
+
+def parse_args(argv):
+  """The command line; exits with a usage line where it is incomplete."""
+  parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  parser.add_argument('--step_ms', type=float,
+                      help="a worker's step, ms, when the network costs "
+                      'nothing: the sec/batch of a worker on a fast network '
+                      '(or of one process on a worker machine, which leaves '
+                      "out the ps tasks' own work)")
+  parser.add_argument('--num_workers', type=int,
+                      help='synchronous workers')
+  parser.add_argument('--link_gbit', type=float,
+                      help="every task's link rate, Gbit/s (0.1: 100 Mbit/s)")
+  parser.add_argument('--transfer_dtype', default='float32',
+                      choices=['float32', 'bfloat16'],
+                      help="the trainer's --transfer_dtype")
+  parser.add_argument('--batch_size', type=int, default=128,
+                      help='per worker, for images/s (default: %(default)s)')
+  parser.add_argument('--max_ps', type=int, default=16,
+                      help='the most ps tasks to consider (default: '
+                      '%(default)s)')
+  parser.add_argument('--model_bytes', type=int,
+                      help="another model's trainable float32 bytes, assumed "
+                      'spread evenly over the ps (default: this network, '
+                      'placed as the trainer places it)')
+  parser.add_argument('--typical', action='store_true',
+                      help="the README's table: the fewest ps for 8, 32 and "
+                      '128 workers on 1, 10 and 25 Gbit/s links')
+  args = parser.parse_args(argv)
+  needed = [] if args.typical else ['step_ms', 'num_workers', 'link_gbit']
+  for name in needed + ['batch_size', 'max_ps']:
+    value = getattr(args, name)
+    if value is None or not value > 0:
+      parser.error('--%s must be given, above 0 (got %s); e.g. --step_ms=45 '
+                   '--num_workers=32 --link_gbit=10' % (name, value))
+  return args
+
+
+def markdown(args, rows):
+  """One plan as a Markdown table and the answer's line."""
+  dtype_bytes = 2 if args.transfer_dtype == 'bfloat16' else 4
+  fewest = fewest_within(rows)
+  one = rows[0][3]
+  out = ['Predicted: %d synchronous workers at batch %d, %s links, %s '
+         "transfers, a worker's step %g ms on a fast network." % (
+             args.num_workers, args.batch_size, gbit_name(args.link_gbit),
+             args.transfer_dtype, args.step_ms), '',
+         '| ps tasks | busiest link, MB each way per step | ms per step | '
+         'images/s | x 1 ps |', '|---|---|---|---|---|']
+  for num_ps, mb, ms, rate in rows:
+    out.append('| %d | %.2f | %.1f | %.0f | %.2fx |' % (num_ps, mb, ms, rate,
+                                                       rate / one))
+  best = max(rows, key=lambda r: r[3])
+  out += ['', 'Fewest ps tasks within %d%% of the best: %d (%.0f images/s; '
+          'the best, %d ps: %.0f).' % (WITHIN * 100, fewest,
+                                       rows[fewest - 1][3], best[0], best[3])]
+  if rows[-1][1] <= args.model_bytes * dtype_bytes / 4e6:
+    out.append("With %d ps each worker's own link is the busiest: more ps "
+               'tasks cannot shorten the step; a faster link, bfloat16 '
+               'transfers or a larger batch can.' % rows[-1][0])
+  return '\n'.join(out)
+
+
+def typical_markdown(shares):
+  """The README's table: per cluster, the fewest ps within 5% of the best,
+  its images/s and its speed-up over 1 ps."""
+  out = ['| workers | links | %s |' % ' | '.join(n for n, _ in TYPICAL_STEP_MS),
+         '|---|---|%s' % ('---|' * len(TYPICAL_STEP_MS))]
+  for workers in TYPICAL_WORKERS:
+    for gbit in TYPICAL_GBIT:
+      cells = []
+      for _, step_ms in TYPICAL_STEP_MS:
+        rows = plan(step_ms, workers, gbit * 1000, shares, 128, MODEL_BYTES,
+                    4)
+        fewest = fewest_within(rows)
+        cells.append('%d ps: %.0f images/s, %.2fx 1 ps' % (
+            fewest, rows[fewest - 1][3], rows[fewest - 1][3] / rows[0][3]))
+      out.append('| %d | %s | %s |' % (workers, gbit_name(gbit),
+                                       ' | '.join(cells)))
+  return '\n'.join(out)
+
+
+def gbit_name(gbit):
+  return '%g Gbit/s' % gbit if gbit >= 1 else '%g Mbit/s' % (gbit * 1000)
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  if args.model_bytes:
+    shares = even_shares(args.max_ps)
+  else:
+    shares = largest_shares(args.max_ps)
+    args.model_bytes = MODEL_BYTES
+  if args.typical:
+    print(typical_markdown(shares))
+    return 0
+  rows = plan(args.step_ms, args.num_workers, args.link_gbit * 1000, shares,
+              args.batch_size, args.model_bytes,
+              2 if args.transfer_dtype == 'bfloat16' else 4)
+  print(markdown(args, rows))
+  return 0
+
+
+if __name__ == '__main__':
+  tf_log_filter.install()  # Before TensorFlow loads: see tf_log_filter.py.
+  sys.exit(main())
