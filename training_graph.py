@@ -95,11 +95,13 @@ class ColocatedAverages:
   ExponentialMovingAverage.apply builds its updates in the device scope
   it is called in: under replica_device_setter (asynchronous training)
   that is the worker, and SyncReplicasOptimizer calls it on the global
-  step's ps. Either way each update reads the weight and its average from
-  where they live and writes the average back: measured on 2 ps + 2
+  step's ps. Either way each update read the weight and its average from
+  where they live and wrote the average back: measured on 2 ps + 2
   synchronous workers, the ps tasks sent each other 1.1 MB a step, 1.5x
-  the model, besides the 1.5 MB they sent the workers. Built per variable
-  on the variable's device, the update never leaves its ps.
+  the model, besides the 1.5 MB they sent the workers. Built once per ps,
+  for the variables it holds, on that ps, an update reads and writes only
+  what is there; what crosses is the global step, one scalar a ps, for
+  the decay.
   """
 
   def __init__(self, averages):
@@ -107,10 +109,13 @@ class ColocatedAverages:
 
   def apply(self, var_list):
     """Returns an op that updates the average of every variable."""
-    updates = []
+    by_device = collections.OrderedDict()
     for var in var_list:
-      with tf1.device(var.device):
-        updates.append(self.averages.apply([var]))
+      by_device.setdefault(var.device, []).append(var)
+    updates = []
+    for device, variables in by_device.items():
+      with tf1.device(device):
+        updates.append(self.averages.apply(variables))
     return tf.group(*updates, name='moving_averages')
 
 

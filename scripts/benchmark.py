@@ -276,22 +276,22 @@ def progress_times(log_path):
 # --- Slow networks ----------------------------------------------------------
 
 def train_over_links(data_dir, work, steps, batch_sizes, rates, extra,
-                     wire_dtypes=('float32',), rounds=1):
-  """1 and 2 ps + 2 synchronous workers, every task a host of its own on
-  links of each rate (Mbit/s; None: unlimited), at each batch size, and
-  1 ps with each other --transfer_dtype of wire_dtypes; rounds times,
-  interleaved; returns {'runs': [measurements, the median of the rounds]},
-  or {'skipped': why}.
+                     wire_dtypes=('float32',), rounds=1, ps_counts=(1, 2)):
+  """Each of ps_counts ps + 2 synchronous workers, every task a host of its
+  own on links of each rate (Mbit/s; None: unlimited), at each batch size,
+  and 1 ps with each other --transfer_dtype of wire_dtypes; rounds times,
+  interleaved. Returns {'runs': [one dict a run: its shape, its ms per step
+  in each round and their median]}, or {'skipped': why}.
 
   The hosts share this machine's cores, each worker pinned to its share
-  (pinned_worker): on 2 cores, one core each, as two 1-core machines. The
-  unlimited link measures the step the planner starts from: the same
-  cluster when the network costs nothing.
+  (pinned_worker): on 2 cores, one core each, as two 1-core machines (the
+  ps tasks float over both). The unlimited link measures the step the
+  planner starts from: the same cluster when the network costs nothing.
   """
   why = network_namespaces.why_unavailable() or (
       None if rates else 'no --network_rates given')
   links = [(b, m, p, d) for b in batch_sizes for m in [None] + rates
-           for p, d in [(1, 'float32'), (2, 'float32')] + [
+           for p, d in [(p, 'float32') for p in ps_counts] + [
                (1, d) for d in wire_dtypes if d != 'float32']]
   measured = {link: [] for link in links}
   for i in range(0 if why else rounds):
@@ -320,9 +320,9 @@ def train_over_links(data_dir, work, steps, batch_sizes, rates, extra,
     print('Slow networks: skipped, %s' % why, flush=True)
     return {'skipped': why}
   runs = []
-  for link, rounds_ in measured.items():
+  for link, each_round in measured.items():
     batch_size, mbit, num_ps, dtype = link
-    ms = [1e3 * 2 * batch_size / r['images_per_sec'] for r in rounds_]
+    ms = [1e3 * 2 * batch_size / r['images_per_sec'] for r in each_round]
     runs.append({'name': link_run_name(*link), 'num_ps': num_ps,
                  'mbit': mbit, 'batch_size': batch_size,
                  'transfer_dtype': dtype, 'ms_per_step': statistics.median(ms),
@@ -333,6 +333,8 @@ def train_over_links(data_dir, work, steps, batch_sizes, rates, extra,
 
 
 def link_run_name(batch_size, mbit, num_ps, dtype):
+  """A slow-network run's name in the table, e.g. '1 ps + 2 workers, sync,
+  100 Mbit/s, batch 64'."""
   return '%d ps + 2 workers, sync, %s, batch %d%s' % (
       num_ps, link_name(mbit), batch_size,
       '' if dtype == 'float32' else ', %s transfers' % dtype)
@@ -347,9 +349,11 @@ def measure_networks(args, data_dir, work, extra, bytes_):
                  if args.network_batch_sizes else [max(1, args.batch_size // 2)])
   network = train_over_links(
       data_dir, work, args.network_steps or (10 if args.quick else 60),
-      batch_sizes, [int(r) for r in rates.split(',') if r], extra,
+      batch_sizes, sorted({int(r) for r in rates.split(',') if r},
+                          reverse=True), extra,
       ['float32'] if args.quick else args.network_transfer_dtypes.split(','),
-      args.network_rounds or (1 if args.quick else 3))
+      args.network_rounds or (1 if args.quick else 3),
+      (1,) if args.quick else (1, 2))
   predict_network(network, bytes_)
   return batch_sizes, network
 
@@ -526,7 +530,12 @@ def parse_args(argv):
   parser.add_argument('--json', default='benchmark.json',
                       help='where to write the numbers (default: '
                       '%(default)s)')
-  return parser.parse_args(argv)
+  args = parser.parse_args(argv)
+  for name in ('rounds', 'network_rounds', 'steps', 'network_steps'):
+    if getattr(args, name) is not None and getattr(args, name) < 1:
+      parser.error('--%s must be 1 or more, got %d' % (name,
+                                                       getattr(args, name)))
+  return args
 
 
 def main(argv=None):

@@ -120,23 +120,18 @@ class Network:
 
     A token bucket on each end's egress: the host's eth0 (what it sends)
     and the bridge's port (what it receives). A NIC sends at its rate from
-    the first byte, so the bucket holds only 1 ms of traffic: a larger one
-    lets every transfer that follows a pause out at memory speed (with
-    256 KiB, 723 KB crossed 100 Mbit/s in 39.7 ms instead of 59.7). The
-    bucket must hold two of the largest segments veth hands over
-    (segmentation offload), or it drops them; so segments are capped at
-    half of it, at least 4 KiB (more per-packet work on slow links) and at
-    most the usual 64 KiB. Measured with one TCP stream, 723 KB took
-    1.033x its bytes' time at 30 Mbit/s to 1 Gbit/s (the headers); at
-    10 Gbit/s 1.1 ms, where copying, not the bucket, is the limit.
+    the first byte, so the bucket holds 1 ms of traffic, and at least two
+    full-size frames: a larger one lets every transfer that follows a pause
+    out at memory speed (with 256 KiB, 723 KB crossed 100 Mbit/s in 39.7 ms
+    instead of 59.7). tbf splits the larger segments veth hands over
+    (segmentation offload) into frames that fit. Measured with one TCP
+    stream, 723 KB took 1.033x its bytes' time at 30 Mbit/s to 1 Gbit/s
+    (the headers); at 10 Gbit/s 1.1 ms, where copying, not the bucket, is
+    the limit.
     """
-    bytes_per_ms = int(mbit * 1e6 / 8 / 1000)
-    segment = min(64 << 10, max(4 << 10, bytes_per_ms // 2))
-    burst = max(bytes_per_ms, 2 * segment)
+    burst = max(int(mbit * 1e6 / 8 / 1000), 2 * 1514)
     for namespace, device in ((self.prefix + host, 'eth0'),
                               (self.hub, 'v' + host)):
-      ip('-n', namespace, 'link', 'set', 'dev', device, 'gso_max_size',
-         str(segment))
       _run(['tc', '-n', namespace, 'qdisc', 'replace', 'dev', device, 'root',
             'tbf', 'rate', '%dmbit' % mbit, 'burst', str(burst),
             'latency', '100ms'])

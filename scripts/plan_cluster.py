@@ -15,6 +15,7 @@ the same rate, as machines on one switch have.
 """
 
 import argparse
+import functools
 import os
 import sys
 
@@ -46,6 +47,7 @@ WITHIN = 0.05  # "Within 5% of the best".
 MODEL_BYTES = 719848
 
 
+@functools.lru_cache(maxsize=None)
 def largest_shares(max_ps):
   """{num_ps: the largest share of the model any ps holds} for this
   network, placed and partitioned as the trainer places it (builds the
@@ -73,15 +75,24 @@ def even_shares(max_ps):
   return {p: 1.0 / p for p in range(1, max_ps + 1)}
 
 
-def link_ms(model_bytes, share, num_workers, mbit, dtype_bytes=4):
-  """The busiest link's transfer, ms each way per step.
+def busiest_bytes(model_bytes, share, num_workers, dtype_bytes=4):
+  """The tensor bytes the busiest link carries each way per step.
 
   A worker's own link carries the whole model each way (the weights in,
   the gradients out); a ps's link carries its share for every worker.
   """
-  wire = model_bytes * dtype_bytes / 4.0 * WIRE_OVERHEAD
-  busiest = wire * max(1.0, num_workers * share)
-  return busiest * 8 / (mbit * 1e6) * 1e3
+  return model_bytes * dtype_bytes / 4.0 * max(1.0, num_workers * share)
+
+
+def transfer_ms(tensor_bytes, mbit):
+  """How long tensor_bytes take on a link of mbit Mbit/s, headers and all."""
+  return tensor_bytes * WIRE_OVERHEAD * 8 / (mbit * 1e6) * 1e3
+
+
+def link_ms(model_bytes, share, num_workers, mbit, dtype_bytes=4):
+  """The busiest link's transfer, ms each way per step."""
+  return transfer_ms(busiest_bytes(model_bytes, share, num_workers,
+                                   dtype_bytes), mbit)
 
 
 def predict_step_ms(step_ms, model_bytes, share, num_workers, mbit,
@@ -98,21 +109,22 @@ def predict_step_ms(step_ms, model_bytes, share, num_workers, mbit,
     dtype_bytes: Bytes per value on the wire (2: --transfer_dtype=bfloat16).
   """
   busiest = link_ms(model_bytes, share, num_workers, mbit, dtype_bytes)
-  own = link_ms(model_bytes, 0.0, num_workers, mbit, dtype_bytes)
+  own = transfer_ms(model_bytes * dtype_bytes / 4.0, mbit)
   push = BUSIEST_LINK_EXTRA * busiest + OWN_LINK_FACTOR * own
   return step_ms + busiest + max(0.0, push - HIDDEN_SHARE * step_ms)
 
 
 def plan(step_ms, num_workers, mbit, shares, batch_size, model_bytes,
          dtype_bytes):
-  """Returns [(num_ps, busiest link MB each way, ms per step, images/s)]."""
+  """Returns [(num_ps, the busiest link's tensor MB each way, ms per step,
+  images/s, whether a worker's own link is the busiest)]."""
   rows = []
   for num_ps, share in sorted(shares.items()):
     ms = predict_step_ms(step_ms, model_bytes, share, num_workers, mbit,
                          dtype_bytes)
-    mb = (model_bytes * dtype_bytes / 4.0 * max(1.0, num_workers * share)
-          / 1e6)
-    rows.append((num_ps, mb, ms, num_workers * batch_size * 1e3 / ms))
+    mb = busiest_bytes(model_bytes, share, num_workers, dtype_bytes) / 1e6
+    rows.append((num_ps, mb, ms, num_workers * batch_size * 1e3 / ms,
+                 num_workers * share <= 1))
   return rows
 
 
@@ -123,9 +135,9 @@ def fewest_within(rows, within=WITHIN):
 
 
 # The README's "How many ps tasks?" table (--typical): a CPU-class worker
-# computes a step of batch 128 in 45 ms (one process on the 2-core machines
-# of docs/performance.md: 44 ms); a GPU-class one in 5 ms, an assumed figure
-# (no GPU has been measured here).
+# computes a step of batch 128 in 45 ms (one process on the 2-core machine
+# of docs/performance.md: 44-48 ms in its runs); a GPU-class one in 5 ms,
+# an assumed figure (no GPU has been measured here).
 TYPICAL_WORKERS = (8, 32, 128)
 TYPICAL_GBIT = (1, 10, 25)
 TYPICAL_STEP_MS = (('CPU-class worker, 45 ms a step', 45.0),
@@ -133,7 +145,7 @@ TYPICAL_STEP_MS = (('CPU-class worker, 45 ms a step', 45.0),
 
 
 def parse_args(argv):
-  """The command line; exits with a usage line where it is incomplete."""
+  """The command line; exits with status 2 and one line where it is wrong."""
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   parser.add_argument('--step_ms', type=float,
                       help="a worker's step, ms, when the network costs "
@@ -158,39 +170,60 @@ def parse_args(argv):
                       'placed as the trainer places it)')
   parser.add_argument('--typical', action='store_true',
                       help="the README's table: the fewest ps for 8, 32 and "
-                      '128 workers on 1, 10 and 25 Gbit/s links')
+                      '128 workers on 1, 10 and 25 Gbit/s links (takes no '
+                      'other flag but --max_ps)')
   args = parser.parse_args(argv)
-  needed = [] if args.typical else ['step_ms', 'num_workers', 'link_gbit']
-  for name in needed + ['batch_size', 'max_ps']:
+  problem = usage_problem(args)
+  if problem:
+    print('Error: %s' % problem, file=sys.stderr)
+    sys.exit(2)
+  return args
+
+
+def usage_problem(args):
+  """What is wrong with the command line, in a few words; None if nothing."""
+  if args.typical:
+    given = [n for n in ('step_ms', 'num_workers', 'link_gbit', 'model_bytes')
+             if getattr(args, n) is not None]
+    if given or args.batch_size != 128 or args.transfer_dtype != 'float32':
+      return ('--typical prints the README\'s table for its own clusters; '
+              'drop --%s, or drop --typical' % (
+                  given[0] if given else 'batch_size/--transfer_dtype'))
+    needed = []
+  else:
+    needed = ['step_ms', 'num_workers', 'link_gbit']
+  for name in needed + ['batch_size', 'max_ps'] + (
+      ['model_bytes'] if args.model_bytes is not None else []):
     value = getattr(args, name)
     if value is None or not value > 0:
-      parser.error('--%s must be given, above 0 (got %s); e.g. --step_ms=45 '
-                   '--num_workers=32 --link_gbit=10' % (name, value))
-  return args
+      return ('--%s must be given and above 0 (got %s), e.g. --step_ms=45 '
+              '--num_workers=32 --link_gbit=10' % (name, value))
+  return None
 
 
 def markdown(args, rows):
   """One plan as a Markdown table and the answer's line."""
-  dtype_bytes = 2 if args.transfer_dtype == 'bfloat16' else 4
   fewest = fewest_within(rows)
   one = rows[0][3]
   out = ['Predicted: %d synchronous workers at batch %d, %s links, %s '
          "transfers, a worker's step %g ms on a fast network." % (
              args.num_workers, args.batch_size, gbit_name(args.link_gbit),
              args.transfer_dtype, args.step_ms), '',
-         '| ps tasks | busiest link, MB each way per step | ms per step | '
-         'images/s | x 1 ps |', '|---|---|---|---|---|']
-  for num_ps, mb, ms, rate in rows:
+         "| ps tasks | busiest link's tensors, MB each way per step | "
+         'ms per step | images/s | x 1 ps |', '|---|---|---|---|---|']
+  for num_ps, mb, ms, rate, _ in rows:
     out.append('| %d | %.2f | %.1f | %.0f | %.2fx |' % (num_ps, mb, ms, rate,
                                                        rate / one))
   best = max(rows, key=lambda r: r[3])
   out += ['', 'Fewest ps tasks within %d%% of the best: %d (%.0f images/s; '
           'the best, %d ps: %.0f).' % (WITHIN * 100, fewest,
                                        rows[fewest - 1][3], best[0], best[3])]
-  if rows[-1][1] <= args.model_bytes * dtype_bytes / 4e6:
-    out.append("With %d ps each worker's own link is the busiest: more ps "
-               'tasks cannot shorten the step; a faster link, bfloat16 '
-               'transfers or a larger batch can.' % rows[-1][0])
+  own = next((r[0] for r in rows if r[4]), None)
+  if own:
+    out.append("From %d ps on, each worker's own link is the busiest: more "
+               'ps tasks cannot shorten the step; a faster link or bfloat16 '
+               'transfers can, and a larger batch moves fewer bytes per '
+               'image.' % own)
   return '\n'.join(out)
 
 
@@ -219,7 +252,7 @@ def gbit_name(gbit):
 
 def main(argv=None):
   args = parse_args(argv)
-  if args.model_bytes:
+  if args.model_bytes is not None:
     shares = even_shares(args.max_ps)
   else:
     shares = largest_shares(args.max_ps)

@@ -42,19 +42,26 @@ def test_more_ps_than_the_worker_link_allows_buy_nothing():
   shares = plan_cluster.even_shares(8)
   rows = plan_cluster.plan(10.0, 4, 1000, shares, 128, 719848, 4)
   # 4 workers: from 4 ps on, each worker's own link is the busiest.
+  assert [r[4] for r in rows] == [False] * 3 + [True] * 5
   assert [r[2] for r in rows][3:] == [rows[3][2]] * 5
   assert rows[0][2] > rows[1][2] > rows[3][2]
   assert plan_cluster.fewest_within(rows) == 4  # 3 ps: 13% slower.
 
 
-def test_a_plan_in_a_real_process():
-  code, out = planner('--step_ms=45', '--num_workers=32', '--link_gbit=10')
-  assert code == 0, out
-  rows = [tuple(float(x.strip().rstrip('x')) for x in line.strip('|').split('|'))
+def table_rows(out):
+  """The numbers of the plan's table rows."""
+  return [tuple(float(x.strip().rstrip('x')) for x in line.strip('|').split('|'))
           for line in out.splitlines() if re.match(r'^\| \d+ \|', line)]
-  assert [int(r[0]) for r in rows] == list(range(1, 17))
-  shares = plan_cluster.largest_shares(16)
-  for num_ps, mb, ms, rate, ratio in rows:
+
+
+def test_a_plan_in_a_real_process():
+  code, out = planner('--step_ms=45', '--num_workers=32', '--link_gbit=10',
+                      '--max_ps=8')
+  assert code == 0, out
+  rows = table_rows(out)
+  assert [int(r[0]) for r in rows] == list(range(1, 9))
+  shares = plan_cluster.largest_shares(8)
+  for num_ps, mb, ms, rate, _ in rows:
     expected = plan_cluster.predict_step_ms(45, 719848, shares[num_ps], 32,
                                             10000)
     assert ms == pytest.approx(expected, abs=0.05)
@@ -64,19 +71,43 @@ def test_a_plan_in_a_real_process():
   best = max(r[3] for r in rows)
   fewest = next(int(r[0]) for r in rows if r[3] >= 0.95 * best)
   assert 'Fewest ps tasks within 5%% of the best: %d (' % fewest in out
+  # 32 workers outnumber what this network splits into: the ps links stay
+  # the busiest.
+  assert "each worker's own link" not in out
   assert 'Traceback' not in out
 
 
+def test_a_plan_where_the_workers_links_are_the_limit():
+  code, out = planner('--step_ms=10', '--num_workers=4', '--link_gbit=1',
+                      '--transfer_dtype=bfloat16', '--max_ps=8')
+  assert code == 0, out
+  shares = plan_cluster.largest_shares(8)
+  own = min(p for p, share in shares.items() if 4 * share <= 1)
+  assert ("From %d ps on, each worker's own link is the busiest" % own) in out
+  rows = table_rows(out)
+  assert rows[own - 1][2] == pytest.approx(
+      plan_cluster.predict_step_ms(10, 719848, shares[own], 4, 1000, 2),
+      abs=0.05)
+  # bfloat16: half of the 0.72 MB model on each worker's link.
+  assert rows[own - 1][1] == pytest.approx(0.36, abs=0.005)
+
+
 @pytest.mark.parametrize('flags, says', [
-    ([], '--step_ms must be given, above 0 (got None)'),
+    ([], '--step_ms must be given and above 0 (got None)'),
     (['--step_ms=45', '--num_workers=0', '--link_gbit=1'],
-     '--num_workers must be given, above 0 (got 0)'),
+     '--num_workers must be given and above 0 (got 0)'),
+    (['--step_ms=45', '--num_workers=8', '--link_gbit=1', '--model_bytes=0'],
+     '--model_bytes must be given and above 0 (got 0)'),
+    (['--typical', '--num_workers=8'],
+     "--typical prints the README's table for its own clusters; drop "
+     '--num_workers, or drop --typical'),
 ])
 def test_bad_input_gets_one_line(flags, says):
   code, out = planner(*flags)
   assert code == 2
-  assert says in out
-  assert 'Traceback' not in out
+  assert out.strip() == 'Error: ' + says + (
+      ', e.g. --step_ms=45 --num_workers=32 --link_gbit=10'
+      if 'must be given' in says else '')
 
 
 def test_the_readme_table_is_the_planners():
