@@ -43,7 +43,7 @@ def intra_op_threads(worker_hosts, task_index):
 
 def session_config(job_name, task_index, worker_hosts=None, num_gpus=0,
                    threads=0, log_device_placement=False,
-                   mixed_precision=False):
+                   compute_dtype=None):
   """Returns the ConfigProto for this task's server and sessions.
 
   A ps task and every task of a num_gpus=0 run hide the GPUs, so they never
@@ -58,17 +58,27 @@ def session_config(job_name, task_index, worker_hosts=None, num_gpus=0,
     num_gpus: --num_gpus.
     threads: A worker's intra-op threads; 0: intra_op_threads().
     log_device_placement: --log_device_placement.
-    mixed_precision: --mixed_precision: TensorFlow's oneDNN bfloat16 graph
-      rewrite, which computes the convolutions, matrix products and their
-      gradients in bfloat16 and keeps the variables, their updates and the
-      BatchNorm statistics in float32 (a worker's grappler rewrites the
-      graph it runs, ps side included, so only the workers need it).
+    compute_dtype: What --mixed_precision computes in (see compute_dtype()):
+      TensorFlow's graph rewrite, which computes the convolutions, matrix
+      products and their gradients in it and keeps the variables, their
+      updates and the BatchNorm statistics in float32 (a worker's grappler
+      rewrites the graph it runs, ps side included, so only the workers
+      need it). None: float32.
   """
   config = tf1.ConfigProto(allow_soft_placement=True,
                            log_device_placement=log_device_placement)
-  if mixed_precision:
-    config.graph_options.rewrite_options.auto_mixed_precision_onednn_bfloat16 = (
-        rewriter_config_pb2.RewriterConfig.ON)
+  rewrite = config.graph_options.rewrite_options
+  if compute_dtype == 'bfloat16':
+    rewrite.auto_mixed_precision_onednn_bfloat16 = REWRITE_ON
+  elif compute_dtype == 'float16' and num_gpus:
+    rewrite.auto_mixed_precision = REWRITE_ON
+  elif compute_dtype == 'float16':
+    rewrite.auto_mixed_precision_cpu = REWRITE_ON
+    # The GPU's rewrite on CPU ops, in float16 for real: by default this
+    # mode emulates float16 with casts around float32 kernels, and that
+    # aborted the worker on SyncReplicasOptimizer's graph (std::out_of_range
+    # in the rewrite's last pass; TensorFlow 2.21).
+    os.environ['TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16'] = '0'
   clustered = job_name == 'ps' or worker_hosts is not None
   if job_name == 'worker' and clustered:
     config.intra_op_parallelism_threads = threads or intra_op_threads(
@@ -85,13 +95,38 @@ def session_config(job_name, task_index, worker_hosts=None, num_gpus=0,
   return config
 
 
-def check_devices(num_gpus, mixed_precision):
-  """Raises UsageError if a worker cannot have the devices it is asked for:
-  more GPUs than it sees, or --mixed_precision on a GPU (not built)."""
-  if mixed_precision and num_gpus:
-    raise UsageError('--mixed_precision is oneDNN\'s bfloat16 on the CPU; on '
-                     'a GPU it is not built yet: drop --mixed_precision or '
-                     '--num_gpus')
+REWRITE_ON = rewriter_config_pb2.RewriterConfig.ON
+
+
+def compute_dtype(mixed_precision, choice, num_gpus):
+  """What a worker computes in: None (float32), 'bfloat16' or 'float16'.
+
+  Args:
+    mixed_precision: --mixed_precision.
+    choice: --mixed_precision_dtype: 'auto' (bfloat16 on a CPU worker,
+      float16 on a GPU worker), 'bfloat16' or 'float16'.
+    num_gpus: --num_gpus.
+
+  Raises:
+    UsageError: for a choice without --mixed_precision, or bfloat16 on a
+      GPU (TensorFlow's rewrite for GPUs computes float16).
+  """
+  if not mixed_precision:
+    if choice != 'auto':
+      raise UsageError('--mixed_precision_dtype=%s needs --mixed_precision: '
+                       'add it, or drop --mixed_precision_dtype' % choice)
+    return None
+  if choice == 'bfloat16' and num_gpus:
+    raise UsageError('--mixed_precision_dtype=bfloat16 is for CPU workers: '
+                     'on a GPU TensorFlow\'s graph rewrite computes float16; '
+                     'drop --mixed_precision_dtype or --num_gpus')
+  if choice == 'auto':
+    return 'float16' if num_gpus else 'bfloat16'
+  return choice
+
+
+def check_devices(num_gpus):
+  """Raises UsageError if a worker asks for more GPUs than it sees."""
   visible = len(tf.config.list_physical_devices('GPU')) if num_gpus else 0
   if num_gpus > visible:
     raise UsageError('--num_gpus=%d but %d GPU(s) are visible: lower '
@@ -101,6 +136,8 @@ def check_devices(num_gpus, mixed_precision):
 
 # /proc/cpuinfo's names of the instructions oneDNN runs bfloat16 with.
 BF16_FLAGS = ('avx512_bf16', 'amx_bf16')
+STAY_FLOAT32 = ('variables, gradient accumulation, BatchNorm statistics and '
+                'checkpoints stay float32')
 
 
 def cpu_bf16_flags(cpuinfo='/proc/cpuinfo'):
@@ -114,20 +151,44 @@ def cpu_bf16_flags(cpuinfo='/proc/cpuinfo'):
   return [f for f in BF16_FLAGS if f in flags]
 
 
-def mixed_precision_line(name):
+def mixed_precision_line(name, dtype, num_gpus):
   """What --mixed_precision turned on here, for the worker to print: one
-  line, a warning where this CPU computes bfloat16 without instructions of
-  its own for it (slower than float32, tensorflow#42422)."""
+  line; for bfloat16, a warning where this CPU computes it without
+  instructions of its own for it (slower than float32, tensorflow#42422)."""
+  scaling = 'dynamic loss scaling'
+  if dtype == 'float16' and num_gpus:
+    return ('%s: --mixed_precision: float16 compute through TensorFlow\'s '
+            'auto mixed precision on the GPU, with %s; %s' % (
+                name, scaling, STAY_FLOAT32))
+  if dtype == 'float16':
+    return ('%s: --mixed_precision: float16 compute on the CPU (TensorFlow\'s '
+            'GPU rewrite on float16 CPU kernels: float16\'s numerics, no '
+            'faster than float32), with %s; %s' % (name, scaling,
+                                                    STAY_FLOAT32))
   found = cpu_bf16_flags()
   if found:
     return ('%s: --mixed_precision: bfloat16 compute through oneDNN\'s graph '
-            'rewrite (this CPU has %s); variables, gradient accumulation, '
-            'BatchNorm statistics and checkpoints stay float32' % (
-                name, ', '.join(found)))
+            'rewrite (this CPU has %s); %s' % (name, ', '.join(found),
+                                                STAY_FLOAT32))
   return ('%s: warning: --mixed_precision on a CPU with %s: bfloat16 may run '
           'slower than float32 here; drop the flag' % (
               name, 'no AVX512_BF16 or AMX-BF16' if found is not None else
               'no /proc/cpuinfo to say whether it has AVX512_BF16 or AMX'))
+
+
+def session_target(task, cluster, config, existing_servers):
+  """Returns a worker's session target: its server, or none (one process).
+
+  With existing_servers, the server at its address in worker_hosts;
+  otherwise one started here, with config.
+  """
+  if cluster is None:
+    return ''
+  if existing_servers:
+    master = 'grpc://' + task.worker_hosts[task.task_index]
+    print('Using existing server at: %s' % master)
+    return master
+  return start_server(cluster, 'worker', task.task_index, config).target
 
 
 def start_server(cluster, job_name, task_index, config):

@@ -7,8 +7,8 @@ workers' gradients. Worker 0 is the chief: it initializes or restores the
 model, saves the checkpoints (each ps writes the shard of its variables) and
 writes the summaries.
 
-This file holds the reference's flags and reads them, top to bottom: flags,
-cluster, graph, session loop. The modules it calls take plain arguments.
+It holds the reference's flags and reads them, top to bottom: flags,
+cluster, graph, session loop; the modules it calls take plain arguments.
 
 Three terminals, as in the reference (any start order):
 
@@ -16,9 +16,8 @@ Three terminals, as in the reference (any start order):
   python train_distributed.py --job_name=worker --task_index=1
   python train_distributed.py --job_name=worker --task_index=0
 
-Every task stops by itself at --max_steps: the workers stop, then each ps
-exits once every worker has told it so. With --ps_hosts= (empty) one worker
-trains in this process without a gRPC server.
+Every task stops by itself at --max_steps (each ps once every worker said it
+is done). With --ps_hosts= (empty) one worker trains, without a gRPC server.
 """
 
 from datetime import datetime
@@ -32,9 +31,11 @@ import tf_log_filter
 # Before TensorFlow loads: its C++ chatter would bury the suite's lines (and
 # TF_CPP_MIN_LOG_LEVEL alone cannot hide it). Real warnings and errors still
 # show; TF_CPP_MIN_LOG_LEVEL=0 shows everything. Not when imported (by a
-# test): the importer's stderr is its own.
+# test): the importer's stderr is its own. And no Keras 3 (unused: tf-slim
+# has TensorFlow's own Keras 2 layers): a task starts 1-2 s sooner.
 if __name__ == '__main__':
   tf_log_filter.install()
+  os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
@@ -131,8 +132,12 @@ flags.DEFINE_float('eval_interval_secs', 5,
 flags.DEFINE_boolean('run_once', False,
                      'Evaluator: evaluate the latest checkpoint and exit.')
 flags.DEFINE_boolean('mixed_precision', False,
-                     'CPU worker: compute in bfloat16 (oneDNN\'s graph '
-                     'rewrite); variables and checkpoints stay float32.')
+                     'Worker: compute in bfloat16 on a CPU, float16 on a GPU; '
+                     'variables and checkpoints stay float32.')
+flags.DEFINE_enum('mixed_precision_dtype', 'auto',
+                  ['auto', 'bfloat16', 'float16'],
+                  'With --mixed_precision; float16 on a CPU is emulated, no '
+                  'faster: to check float16 before a GPU run.')
 flags.DEFINE_enum('transfer_dtype', 'float32', ['float32', 'bfloat16'],
                   'Worker in a cluster: what weights and gradients cross the '
                   'network as; the ps accumulates and applies in float32.')
@@ -178,16 +183,21 @@ def check_flags():
       FLAGS.job_name, FLAGS.task_index, FLAGS.ps_hosts, FLAGS.worker_hosts,
       FLAGS.replicas_to_aggregate, FLAGS.existing_servers)
   if task.job_name == 'worker':
-    cluster_runtime.check_devices(FLAGS.num_gpus, FLAGS.mixed_precision)
+    compute_dtype()  # Its flags' mistakes first: they name the fix.
+    cluster_runtime.check_devices(FLAGS.num_gpus)
   return task
+
+
+def compute_dtype():
+  """What the worker computes in: None (float32), bfloat16 or float16."""
+  return cluster_runtime.compute_dtype(
+      FLAGS.mixed_precision, FLAGS.mixed_precision_dtype, FLAGS.num_gpus)
 
 
 def main(_):
   tf1.disable_eager_execution()  # Queue runners need graph mode.
-  # TensorFlow's Python log shows errors only: the TF1 API we keep on
-  # purpose (queues, slim layers) warns once per call site, on every start,
-  # which tells a user nothing. The exception is the INFO note that a task
-  # of the cluster was lost, which ReportLostTask turns into one line.
+  # TensorFlow's Python log: errors (the TF1 API we keep warns at every
+  # start), and the INFO note of a lost task, which ReportLostTask shortens.
   tf.get_logger().setLevel('INFO')
   try:
     return train()
@@ -220,9 +230,8 @@ def train():
 
 def build_graph(task, cluster):
   """The input pipeline and the training graph of this worker."""
-  num_workers = len(task.worker_hosts)
   sync = FLAGS.sync_replicas and cluster is not None
-  replicas = FLAGS.replicas_to_aggregate or num_workers
+  replicas = FLAGS.replicas_to_aggregate or len(task.worker_hosts)
   input_device, variable_device = training_graph.devices(
       cluster, task.task_index, FLAGS.num_gpus)
   seed = FLAGS.seed + task.task_index
@@ -242,20 +251,9 @@ def build_graph(task, cluster):
         images, labels, len(task.ps_hosts), task.task_index == 0,
         (FLAGS.initial_learning_rate, decay_steps,
          FLAGS.learning_rate_decay_factor),
-        (replicas, num_workers) if sync else None,
-        tf.as_dtype(FLAGS.transfer_dtype) if cluster else None)
-
-
-def connect(task, cluster, config):
-  """Returns the session target: this worker's server, or none."""
-  if cluster is None:
-    return ''
-  if FLAGS.existing_servers:
-    master = 'grpc://' + task.worker_hosts[task.task_index]
-    print('Using existing server at: %s' % master)
-    return master
-  return cluster_runtime.start_server(cluster, 'worker', task.task_index,
-                                      config).target
+        (replicas, len(task.worker_hosts)) if sync else None,
+        tf.as_dtype(FLAGS.transfer_dtype) if cluster else None,
+        compute_dtype() == 'float16' and training_graph.LossScaled.INITIAL)
 
 
 def make_hooks(graph, scaffold, train_dir, task, single_process):
@@ -275,6 +273,8 @@ def make_hooks(graph, scaffold, train_dir, task, single_process):
               tf1.train.SummarySaverHook(
                   save_steps=FLAGS.save_summaries_steps, output_dir=train_dir,
                   scaffold=scaffold)]
+  if graph.loss_scaling and is_chief:
+    hooks.append(training_session.SkippedSteps(graph.loss_scaling))
   if FLAGS.trace_steps:
     hooks.append(training_session.TraceSteps(
         [int(s) for s in FLAGS.trace_steps], train_dir, task_index))
@@ -299,10 +299,12 @@ def train_worker(task, cluster):
   config = cluster_runtime.session_config(
       'worker', task_index, task.worker_hosts if cluster else None,
       FLAGS.num_gpus, FLAGS.intra_op_threads, FLAGS.log_device_placement,
-      FLAGS.mixed_precision)
-  if FLAGS.mixed_precision:
-    print(cluster_runtime.mixed_precision_line('Worker %d' % task_index))
-  master = connect(task, cluster, config)
+      compute_dtype())
+  if compute_dtype():
+    print(cluster_runtime.mixed_precision_line(
+        'Worker %d' % task_index, compute_dtype(), FLAGS.num_gpus))
+  master = cluster_runtime.session_target(task, cluster, config,
+                                          FLAGS.existing_servers)
   # Only now, with the data checked and the port ours, touch train_dir: a
   # mistake on the command line must not cost a --fresh_start deletion.
   checkpoints.prepare(train_dir, is_chief, FLAGS.fresh_start)

@@ -20,7 +20,8 @@ DROPOUT_KEEP_PROB = 0.8  # The reference's.
 
 # The tensors and ops a worker's session loop and hooks need.
 TrainingGraph = collections.namedtuple(
-    'TrainingGraph', 'global_step loss accuracy step_after sync_opt')
+    'TrainingGraph',
+    'global_step loss accuracy step_after sync_opt loss_scaling')
 
 
 def devices(cluster, task_index, num_gpus):
@@ -119,24 +120,120 @@ class ColocatedAverages:
     return tf.group(*updates, name='moving_averages')
 
 
-def optimize(loss, lr, global_step, sync, colocate):
+class LossScaled(tf1.train.Optimizer):
+  """Dynamic loss scaling for float16 gradients, around an SGD optimizer.
+
+  float16 gradients of a loss this small underflow to zero, so the loss is
+  multiplied by a scale before the gradients and they are divided by it
+  after. A step whose gradients overflowed (inf or NaN) applies nothing
+  and halves the scale; INCREMENT_PERIOD good steps in a row double it
+  (the rule and constants of TensorFlow's DynamicLossScale, whose TF1 class
+  is deprecated). Two things differ from TensorFlow's
+  MixedPrecisionLossScaleOptimizer, for SyncReplicasOptimizer and the ps:
+
+  * A skipped step still advances the global step. SyncReplicasOptimizer's
+    accumulators count steps themselves (each take_grad moves theirs on by
+    one) and drop gradients computed at an older global step as stale: had
+    the global step stayed, every worker's next gradients would have been
+    dropped and the cluster would have waited forever.
+  * Nothing is applied under a cond: each gradient is checked where it was
+    aggregated, on its variable's ps, and replaced by zeros when any
+    overflowed, which leaves SGD's weights exactly as they were. So only
+    one boolean per variable crosses between the ps tasks (checking them
+    beside the scale would have moved every gradient to its ps).
+
+  The scale, its count of good steps and the count of skipped steps are
+  local variables on a ps, shared by the workers: they are not saved, so a
+  checkpoint resumes with or without float16, and the scale starts again
+  at its initial value when a worker starts.
+  """
+
+  INITIAL = 2.0**15  # TensorFlow's DynamicLossScale's.
+  INCREMENT_PERIOD = 2000
+
+  def __init__(self, opt, initial_scale):
+    super().__init__(use_locking=False, name='LossScaled')
+    self._opt = opt
+
+    def local(name, value):
+      return tf1.get_variable(name, initializer=value, trainable=False,
+                              collections=[tf1.GraphKeys.LOCAL_VARIABLES])
+    with tf1.variable_scope('loss_scaling'):
+      self.scale = local('scale', float(initial_scale))
+      self.good_steps = local('good_steps', tf.constant(0, tf.int64))
+      self.skipped_steps = local('skipped_steps', tf.constant(0, tf.int64))
+
+  def compute_gradients(self, loss, var_list=None, **kwargs):
+    """The gradients of loss times the scale, divided by it again."""
+    scale = self.scale.read_value()
+    grads = self._opt.compute_gradients(loss * scale, var_list, **kwargs)
+    unscaled = []
+    for grad, var in grads:
+      if grad is not None:
+        # Where the gradient is: on the worker, or with bfloat16 on the
+        # wire, on the ps after its cast back (see wire_getter).
+        with tf1.colocate_with(grad):
+          grad = grad * tf.math.reciprocal(scale)
+      unscaled.append((grad, var))
+    return unscaled
+
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    """Applies the gradients if all are finite, zeros if not; advances
+    global_step either way, then updates the scale."""
+    grads_and_vars = [(g, v) for g, v in grads_and_vars if g is not None]
+    checks = []
+    for grad, var in grads_and_vars:
+      with tf1.colocate_with(var):
+        checks.append(tf.reduce_all(tf.math.is_finite(grad)))
+    with tf1.colocate_with(self.scale):
+      finite = tf.reduce_all(tf.stack(checks), name='gradients_are_finite')
+    kept = []
+    for grad, var in grads_and_vars:
+      with tf1.colocate_with(var):
+        kept.append((tf.where(finite, grad, tf.zeros_like(grad)), var))
+    applied = self._opt.apply_gradients(kept, global_step, name)
+    with tf.control_dependencies([applied]), tf1.colocate_with(self.scale):
+      return self._update_scale(finite)
+
+  def _update_scale(self, finite):
+    good = tf.where(finite, self.good_steps + 1, 0)
+    grow = good >= self.INCREMENT_PERIOD
+    scale = self.scale.read_value()
+    doubled = scale * 2
+    return tf.group(
+        self.scale.assign(tf.where(
+            finite,
+            tf.where(grow & tf.math.is_finite(doubled), doubled, scale),
+            tf.maximum(scale / 2, 1.0))),
+        self.good_steps.assign(tf.where(grow, tf.constant(0, tf.int64), good)),
+        self.skipped_steps.assign_add(
+            tf.cast(tf.logical_not(finite), tf.int64)),
+        name='update_loss_scale')
+
+
+def optimize(loss, lr, global_step, sync, colocate, loss_scale=None):
   """SGD on loss, then the weights' moving averages.
 
   Args:
     loss, lr, global_step: The loss, learning rate and global step.
     sync: (replicas_to_aggregate, total workers), or None.
     colocate: colocate_gradients_with_ops, for wire_getter's casts.
+    loss_scale: The initial scale of float16's dynamic loss scaling (see
+      LossScaled); None for none.
 
   Returns:
-    (the optimizer, the op that runs one update), the optimizer a
-    SyncReplicasOptimizer with sync.
+    (the optimizer, the op that runs one update, the LossScaled or None),
+    the optimizer a SyncReplicasOptimizer with sync.
   """
   opt = tf1.train.GradientDescentOptimizer(lr)
+  scaled = None
+  if loss_scale:
+    opt = scaled = LossScaled(opt, loss_scale)
   averages = ColocatedAverages(cifar10_model.moving_averages(global_step))
   if not sync:
     with tf.control_dependencies([opt.minimize(
         loss, global_step=global_step, colocate_gradients_with_ops=colocate)]):
-      return opt, averages.apply(tf1.trainable_variables())
+      return opt, averages.apply(tf1.trainable_variables()), scaled
   # The chief's sync op updates the averages once per global step, after it
   # applied the aggregated gradients.
   opt = tf1.train.SyncReplicasOptimizer(
@@ -145,11 +242,11 @@ def optimize(loss, lr, global_step, sync, colocate):
       variables_to_average=tf1.trainable_variables(),
       name='cifar10_sync_replicas')
   return opt, opt.minimize(loss, global_step=global_step,
-                           colocate_gradients_with_ops=colocate)
+                           colocate_gradients_with_ops=colocate), scaled
 
 
 def build(images, labels, num_ps, is_chief, learning_rate, sync=None,
-          transfer_dtype=None):
+          transfer_dtype=None, loss_scale=None):
   """Builds the model, loss and train op in the current device scope.
 
   Args:
@@ -163,6 +260,7 @@ def build(images, labels, num_ps, is_chief, learning_rate, sync=None,
     transfer_dtype: What the weights and their gradients cross the network
       as, between the ps tasks and this worker (see wire_getter); None
       without a network (one process).
+    loss_scale: The initial loss scale, for float16 compute; None for none.
 
   Returns:
     A TrainingGraph. Running step_after runs one training step.
@@ -178,8 +276,10 @@ def build(images, labels, num_ps, is_chief, learning_rate, sync=None,
   initial, steps, factor = learning_rate
   lr = tf1.train.exponential_decay(initial, global_step, steps, factor,
                                    staircase=True)
-  opt, minimize = optimize(loss, lr, global_step, sync,
-                           colocate=transfer_dtype not in (None, tf.float32))
+  opt, minimize, scaled = optimize(
+      loss, lr, global_step, sync,
+      colocate=transfer_dtype not in (None, tf.float32),
+      loss_scale=loss_scale)
   # BatchNorm moving statistics get one update per global step, as in a
   # single process: from each step of an asynchronous worker, and in
   # synchronous training from the chief only (the others' updates would
@@ -194,5 +294,7 @@ def build(images, labels, num_ps, is_chief, learning_rate, sync=None,
   # Not the op's name: a summary named like an op gets a suffix (accuracy_1).
   tf1.summary.scalar('accuracy', accuracy)
   tf1.summary.scalar('learning_rate', lr)
+  if scaled:
+    tf1.summary.scalar('loss_scale', scaled.scale.read_value())
   return TrainingGraph(global_step, loss, accuracy, step_after,
-                       opt if sync else None)
+                       opt if sync else None, scaled)

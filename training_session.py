@@ -136,6 +136,31 @@ def run_step(sess, fetches):
   return sess.run_step_fn(step_fn)
 
 
+class SkippedSteps(tf1.train.SessionRunHook):
+  """The chief's line when float16's loss scaling skipped more steps.
+
+  A step whose float16 gradients overflowed applies nothing (see
+  training_graph.LossScaled); a few at the start, while the scale finds its
+  level, are expected, and many say the model's numbers do not fit float16.
+  Said after a step only when the count grew.
+  """
+
+  def __init__(self, loss_scaling):
+    self.fetches = [loss_scaling.skipped_steps, loss_scaling.scale]
+    self.said = 0
+
+  def before_run(self, run_context):
+    return tf1.train.SessionRunArgs(self.fetches)
+
+  def after_run(self, run_context, run_values):
+    skipped, scale = run_values.results
+    if skipped > self.said:
+      self.said = skipped
+      print('Worker 0: %d steps so far had float16 gradients that overflowed '
+            'and applied nothing; the loss scale is now %g' % (skipped, scale),
+            flush=True)
+
+
 def say_as_chief(line):
   """Prints one of the chief's notes about its checkpoints."""
   print('Worker 0: %s' % line, file=sys.stderr, flush=True)

@@ -48,6 +48,7 @@ sys.path.insert(0, os.path.join(ROOT, 'scripts'))
 import tf_log_filter  # pylint: disable=g-import-not-at-top,wrong-import-position
 if __name__ == '__main__':
   tf_log_filter.install()  # Before TensorFlow loads: see tf_log_filter.py.
+  os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')  # See import_seconds.
 
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -81,12 +82,15 @@ def cpu_model():
 
 
 def import_seconds(tries):
-  """Wall time of a fresh `import tensorflow` (the best of tries)."""
+  """Wall time of a fresh `import tensorflow` (the best of tries), as the
+  trainer imports it: without Keras 3 (TF_USE_LEGACY_KERAS, see
+  train_distributed.py), 1-2 s less than a plain import."""
   times = []
   for _ in range(tries):
     start = time.time()
     subprocess.run([sys.executable, '-c', 'import tensorflow'], check=True,
-                   capture_output=True)
+                   capture_output=True,
+                   env=dict(os.environ, TF_USE_LEGACY_KERAS='1'))
     times.append(time.time() - start)
   return min(times)
 

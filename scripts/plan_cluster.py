@@ -269,4 +269,5 @@ def main(argv=None):
 
 if __name__ == '__main__':
   tf_log_filter.install()  # Before TensorFlow loads: see tf_log_filter.py.
+  os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')  # As train_distributed.py.
   sys.exit(main())

@@ -25,6 +25,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')  # As train_distributed.py.
 
 import matplotlib  # pylint: disable=g-import-not-at-top,wrong-import-position
 matplotlib.use('Agg')  # No screen needed.

@@ -160,31 +160,36 @@ def test_a_failing_worker_fails_the_script_and_leaves_no_process(
   assert not processes_mentioning(str(tmp_path))
 
 
-@pytest.mark.parametrize('sig, code', [(signal.SIGTERM, 143),
-                                       (signal.SIGINT, 130)])
+# With TensorBoard once (it is the script's to stop too); test_tensorboard.py
+# checks what it serves.
+@pytest.mark.parametrize('sig, code, with_tensorboard', [
+    (signal.SIGTERM, 143, True), (signal.SIGINT, 130, False)])
 def test_interrupting_the_script_stops_everything_it_started(
-    tmp_path, tiny_data, script_procs, sig, code):
+    tmp_path, tiny_data, script_procs, sig, code, with_tensorboard):
   tensorboard, = free_ports(1)
   proc = run_script(tmp_path, tiny_data, '--max_steps=100000',
-                    '--tensorboard=%d' % tensorboard, *FAST)
+                    *(['--tensorboard=%d' % tensorboard] if with_tensorboard
+                      else []), *FAST)
   script_procs.append(proc)
   wait_for(str(tmp_path / 'script.out'), 'Train accuracy', proc, 120)
   out = (tmp_path / 'script.out').read_text()
-  assert 'TensorBoard: http://localhost:%d/' % tensorboard in out
   ports = [int(p) for p in re.findall(r'localhost:(\d+)', out)]
-  assert len(ports) == 4
-  # TensorBoard answers, with the chief's scalars once it has read them.
-  deadline = time.time() + 60
-  tags = {}
-  while 'loss' not in tags.get('.', {}) and time.time() < deadline:
-    try:
-      with urllib.request.urlopen('http://localhost:%d/data/plugin/scalars/'
-                                  'tags' % tensorboard, timeout=5) as r:
-        tags = json.load(r)
-    except (urllib.error.URLError, ConnectionError):
-      pass
-    time.sleep(0.5)
-  assert 'loss' in tags.get('.', {}), tags
+  assert len(ports) == 3 + with_tensorboard
+  if with_tensorboard:
+    assert 'TensorBoard: http://localhost:%d/' % tensorboard in out
+    # TensorBoard answers, with the chief's scalars once it has read them.
+    deadline = time.time() + 60
+    tags = {}
+    while 'loss' not in tags.get('.', {}) and time.time() < deadline:
+      try:
+        with urllib.request.urlopen('http://localhost:%d/data/plugin/'
+                                    'scalars/tags' % tensorboard,
+                                    timeout=5) as r:
+          tags = json.load(r)
+      except (urllib.error.URLError, ConnectionError):
+        pass
+      time.sleep(0.5)
+    assert 'loss' in tags.get('.', {}), tags
   proc.send_signal(sig)
   assert proc.wait(timeout=30) == code
   assert not processes_mentioning(str(tmp_path))

@@ -87,8 +87,10 @@ def resolved_task(op, by_name):
   return spec.job, spec.task
 
 
-@pytest.mark.parametrize('sync', [True, False], ids=['sync', 'async'])
-def test_the_moving_averages_stay_on_their_ps(sync):
+@pytest.mark.parametrize('sync, loss_scale', [
+    (True, None), (False, None), (True, 2.0**15), (False, 2.0**15)],
+                         ids=['sync', 'async', 'sync_float16', 'async_float16'])
+def test_the_moving_averages_stay_on_their_ps(sync, loss_scale):
   """Each weight's moving average is updated on the ps that holds both.
 
   Built where ExponentialMovingAverage.apply is called (the worker, or in
@@ -96,7 +98,9 @@ def test_the_moving_averages_stay_on_their_ps(sync):
   and its average across the network and wrote the average back: with
   2 ps + 2 sync workers the ps tasks sent each other 1.1 MB a step; async,
   each worker moved the model twice more per step. Now only scalars (the
-  global step, for the decay) cross between two ps tasks.
+  global step, for the decay) cross between two ps tasks. So with
+  float16's loss scaling: each gradient is checked for overflow on its ps,
+  and only the verdict crosses.
   """
   import training_graph  # pylint: disable=g-import-not-at-top
   graph = tf.Graph()
@@ -110,7 +114,7 @@ def test_the_moving_averages_stay_on_their_ps(sync):
     with tf1.device(variables):
       training_graph.build(images, labels, 2, True, (0.1, 100, 0.1),
                            sync=(2, 2) if sync else None,
-                           transfer_dtype=tf.float32)
+                           transfer_dtype=tf.float32, loss_scale=loss_scale)
   by_name = {op.name: op for op in graph.get_operations()}
   averaged = 0
   for op in graph.get_operations():

@@ -9,8 +9,13 @@ run that resumes, and evaluates, with the flags changed.
 import json
 import os
 import re
+import threading
+import time
 
+import pytest
 import tensorflow as tf
+
+tf1 = tf.compat.v1
 
 from test_cluster import assert_clean_logs, checkpoint_step, checkpoint_steps
 from test_cluster import cluster_flags, single_process_flags, start_cluster
@@ -18,7 +23,7 @@ from test_cluster import cluster_flags, single_process_flags, start_cluster
 # What a worker reads of the model per step, in float32: its 179,962
 # trainable parameters, once (see training_graph.wire_getter).
 MODEL_BYTES = 179962 * 4
-MIXED = re.compile(r'^Worker 0: (--mixed_precision: bfloat16 compute|'
+MIXED = re.compile(r'^Worker 0: (--mixed_precision: (bfloat16|float16) compute|'
                    r'warning: --mixed_precision on a CPU)', re.M)
 
 
@@ -29,8 +34,8 @@ def traced_bytes(log):
 
 
 def rewritten(train_dir, worker):
-  """Whether a worker's trace of its step 3 ran bfloat16 casts that
-  TensorFlow's mixed-precision rewrite inserted."""
+  """Whether a worker's trace of its step 3 ran casts (to bfloat16 or
+  float16) that TensorFlow's mixed-precision rewrite inserted."""
   with open(os.path.join(train_dir, 'trace_worker%d_step3.json' % worker)) as f:
     events = json.load(f)['traceEvents']
   return any('AutoMixedPrecision' in e.get('args', {}).get('name', '')
@@ -42,19 +47,29 @@ def assert_float32_checkpoint(train_dir):
   dtypes = reader.get_variable_to_dtype_map()
   floats = {n: d for n, d in dtypes.items() if d.is_floating}
   assert floats and all(d == tf.float32 for d in floats.values()), floats
+  # float16's loss scaling adds nothing to a checkpoint: one written with
+  # or without it resumes either way.
+  assert not [n for n in dtypes if 'loss_scal' in n]
 
 
+# float16 on a CPU: the GPU's rewrite on CPU kernels, float16's numbers, and
+# the loss scaling with them.
+@pytest.mark.parametrize('dtype', ['bfloat16', 'float16'])
 def test_both_flags_in_a_synchronous_cluster_then_resumed_async(
-    procs, tiny_data, tmp_path):
+    procs, tiny_data, tmp_path, dtype):
   train_dir = str(tmp_path / 'train')
   flags = cluster_flags(tiny_data, train_dir, num_ps=2)
   start_cluster(procs, flags + ['--max_steps=20', '--mixed_precision',
+                                '--mixed_precision_dtype=' + dtype,
                                 '--transfer_dtype=bfloat16',
                                 '--trace_steps=3'], num_ps=2)
   assert set(procs.wait_all(timeout=180).values()) == {0}, procs.tails()
   assert checkpoint_step(train_dir) == 20
   log = procs.log('worker0')
   assert MIXED.search(log), log
+  if dtype == 'float16':
+    assert ('Worker 0: --mixed_precision: float16 compute on the CPU' in log
+            and 'with dynamic loss scaling;' in log), log
   traced = [w for w in (0, 1) if 'wrote the trace of its step 3' in
             procs.log('worker%d' % w)]
   assert traced, procs.tails()
@@ -69,14 +84,17 @@ def test_both_flags_in_a_synchronous_cluster_then_resumed_async(
     assert pushed < 0.52 * MODEL_BYTES, pushed
   assert_float32_checkpoint(train_dir)
   assert_clean_logs(procs)
-  # Resumed asynchronously on 1 ps, bfloat16 on the wire, float32 compute.
+  # Resumed asynchronously on 1 ps, bfloat16 on the wire; float32 compute,
+  # or float16 still (its loss scaling, asynchronous).
+  again = ['--mixed_precision', '--mixed_precision_dtype=float16'] if (
+      dtype == 'float16') else []
   start_cluster(procs, cluster_flags(tiny_data, train_dir) + [
-      '--max_steps=30', '--nosync_replicas', '--transfer_dtype=bfloat16'],
-                suffix='_again')
+      '--max_steps=30', '--nosync_replicas', '--transfer_dtype=bfloat16'] +
+                again, suffix='_again')
   assert set(procs.wait_all(timeout=180).values()) == {0}, procs.tails()
   log = procs.log('worker0_again')
   assert 'Worker 0: resuming from %s/model.ckpt-20\n' % train_dir in log
-  assert not MIXED.search(log)
+  assert bool(MIXED.search(log)) == bool(again)
   # Asynchronous: another worker's update may land while the chief names
   # and writes its last checkpoint.
   name_step, step = checkpoint_steps(train_dir)
@@ -88,12 +106,13 @@ def test_both_flags_in_a_synchronous_cluster_then_resumed_async(
                    procs.log('evaluator'))
 
 
+@pytest.mark.parametrize('dtype', ['auto', 'float16'])
 def test_mixed_precision_in_one_process_then_without(procs, tiny_data,
-                                                    tmp_path):
+                                                    tmp_path, dtype):
   train_dir = str(tmp_path / 'train')
   flags = single_process_flags(tiny_data, train_dir)
   procs.trainer('mixed', '--max_steps=15', '--mixed_precision',
-                '--trace_steps=3', *flags)
+                '--mixed_precision_dtype=' + dtype, '--trace_steps=3', *flags)
   assert procs.wait_all(timeout=120) == {'mixed': 0}, procs.tails()
   assert MIXED.search(procs.log('mixed'))
   assert rewritten(train_dir, 0)
@@ -107,12 +126,116 @@ def test_mixed_precision_in_one_process_then_without(procs, tiny_data,
   assert_clean_logs(procs)
 
 
-def test_mixed_precision_is_for_cpu_workers(procs, tmp_path):
-  procs.trainer('gpu', '--job_name=worker', '--task_index=0',
-                '--mixed_precision', '--num_gpus=1',
-                '--train_dir=' + str(tmp_path / 'train'))
-  assert procs.wait_all(timeout=120) == {'gpu': 2}
-  errors = [l for l in procs.log('gpu').splitlines() if l.startswith('Error')]
-  assert errors == ['Error: --mixed_precision is oneDNN\'s bfloat16 on the '
-                    'CPU; on a GPU it is not built yet: drop '
-                    '--mixed_precision or --num_gpus']
+@pytest.mark.parametrize('flags, error', [
+    (['--mixed_precision', '--mixed_precision_dtype=bfloat16', '--num_gpus=1'],
+     'Error: --mixed_precision_dtype=bfloat16 is for CPU workers: on a GPU '
+     'TensorFlow\'s graph rewrite computes float16; drop '
+     '--mixed_precision_dtype or --num_gpus'),
+    (['--mixed_precision_dtype=float16'],
+     'Error: --mixed_precision_dtype=float16 needs --mixed_precision: add it, '
+     'or drop --mixed_precision_dtype'),
+], ids=['bfloat16_on_a_gpu', 'dtype_alone'])
+def test_a_precision_that_cannot_run_is_one_line(procs, tmp_path, flags,
+                                                 error):
+  train_dir = tmp_path / 'train'
+  procs.trainer('worker', '--job_name=worker', '--task_index=0',
+                '--train_dir=' + str(train_dir), *flags)
+  assert procs.wait_all(timeout=120) == {'worker': 2}
+  errors = [l for l in procs.log('worker').splitlines()
+            if l.startswith('Error')]
+  assert errors == [error]
+  assert not train_dir.exists()  # Refused before it touched anything.
+
+
+def run_scaled_steps(sync, steps, initial_scale):
+  """Trains the trainer's graph in this process with float16's loss scaling
+  from initial_scale (in float32: the scaling is the same arithmetic).
+
+  Returns:
+    [(global step after the step, skipped steps, scale, weights changed)]
+    per step; with sync, read once, when the global step reached steps
+    (within twice as many runs).
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import training_graph  # pylint: disable=g-import-not-at-top
+  import training_session  # pylint: disable=g-import-not-at-top
+  rng = np.random.RandomState(0)
+  with tf.Graph().as_default():
+    tf1.set_random_seed(0)
+    images = tf.constant(rng.rand(8, 32, 32, 3).astype(np.float32))
+    labels = tf.constant(rng.randint(0, 10, 8).astype(np.int32))
+    graph = training_graph.build(images, labels, 0, True, (0.1, 1000, 0.1),
+                                 sync=(1, 1) if sync else None,
+                                 loss_scale=initial_scale)
+    scaling = graph.loss_scaling
+    weights = tf1.trainable_variables()
+    hooks = [training_session.SkippedSteps(scaling)]
+    if sync:
+      hooks.append(graph.sync_opt.make_session_run_hook(True))
+    # The chief's queue runner waits in take_grad for gradients that no
+    # longer come: closing the session cancels it.
+    with tf1.train.MonitoredSession(hooks=hooks,
+                                    stop_grace_period_secs=1) as sess:
+      def read():
+        return sess.run_step_fn(lambda step_context: step_context.session.run(
+            [graph.global_step, scaling.skipped_steps, scaling.scale,
+             weights]))
+      before = read()[3]
+      rows = []
+      step = 0
+      for _ in range(steps if not sync else 2 * steps):
+        sess.run(graph.step_after)
+        step, skipped, scale, now = read()
+        changed = not all(np.array_equal(a, b) for a, b in zip(before, now))
+        if not sync:
+          rows.append((step, skipped, scale, changed))
+          before = now
+        elif step >= steps:
+          # Read once: a synchronous step's update lands after the step
+          # that pushed its gradients returned.
+          rows.append((step, skipped, scale, changed))
+          break
+  for thread in threading.enumerate():  # Cancelled by the close: let them
+    if thread.name.startswith('QueueRunnerThread'):  # end within the test.
+      thread.join(timeout=10)
+  return rows
+
+
+def test_overflowing_steps_apply_nothing_and_halve_the_scale(capsys):
+  # 2**127 times a loss above 2 is float32's inf: the first steps overflow.
+  rows = run_scaled_steps(False, 40, 2.0**127)
+  # The chief's hook says so once each time the count grew.
+  assert capsys.readouterr().out.splitlines() == [
+      'Worker 0: %d steps so far had float16 gradients that overflowed and '
+      'applied nothing; the loss scale is now %g' % (n, 2.0**(127 - n))
+      for n in range(1, rows[-1][1] + 1)]
+  assert [r[0] for r in rows] == list(range(1, 41))  # Every step counts.
+  said = 0
+  for step, skipped, scale, changed in rows:
+    assert scale == 2.0**(127 - skipped), (step, skipped, scale)
+    # A step that overflowed applied nothing; every other one applied.
+    assert changed == (skipped == said), (step, skipped, changed)
+    assert skipped - said in (0, 1)
+    said = skipped
+  assert rows[0][1] == 1  # The first.
+  assert rows[-1][3]  # And it found a scale that fits.
+
+
+# Closing the session cancels the chief queue runner's wait, which raises in
+# its thread.
+@pytest.mark.filterwarnings(
+    'ignore::pytest.PytestUnhandledThreadExceptionWarning')
+def test_skipped_steps_still_advance_a_synchronous_cluster():
+  """SyncReplicasOptimizer's accumulators count steps on their own: a
+  skipped step that left the global step behind would have made every
+  later gradient stale, and the run would wait forever."""
+  result = []
+  thread = threading.Thread(target=lambda: result.extend(
+      run_scaled_steps(True, 30, 2.0**127)), daemon=True)
+  thread.start()
+  thread.join(timeout=120)
+  assert result, 'the synchronous steps stopped: a skipped step stalled them'
+  (step, skipped, scale, changed), = result
+  assert step == 30
+  assert 1 <= skipped < 30 and scale == 2.0**(127 - skipped)
+  assert changed
