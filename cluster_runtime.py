@@ -41,6 +41,9 @@ def intra_op_threads(worker_hosts, task_index):
   return max(1, len(os.sched_getaffinity(0)) // on_host)
 
 
+REWRITE_ON = rewriter_config_pb2.RewriterConfig.ON
+
+
 def session_config(job_name, task_index, worker_hosts=None, num_gpus=0,
                    threads=0, log_device_placement=False,
                    compute_dtype=None):
@@ -77,8 +80,11 @@ def session_config(job_name, task_index, worker_hosts=None, num_gpus=0,
     # The GPU's rewrite on CPU ops, in float16 for real: by default this
     # mode emulates float16 with casts around float32 kernels, and that
     # aborted the worker on SyncReplicasOptimizer's graph (std::out_of_range
-    # in the rewrite's last pass; TensorFlow 2.21).
-    os.environ['TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16'] = '0'
+    # in the rewrite's last pass; TensorFlow 2.21). Read by the rewrite in
+    # this process when it runs; with --existing_servers it runs in the
+    # server's, which needs the variable set.
+    os.environ.setdefault('TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16',
+                          '0')
   clustered = job_name == 'ps' or worker_hosts is not None
   if job_name == 'worker' and clustered:
     config.intra_op_parallelism_threads = threads or intra_op_threads(
@@ -93,9 +99,6 @@ def session_config(job_name, task_index, worker_hosts=None, num_gpus=0,
         ['/job:ps'] if job_name == 'worker' else [])
     config.device_filters.append('/job:%s/task:%d' % (job_name, task_index))
   return config
-
-
-REWRITE_ON = rewriter_config_pb2.RewriterConfig.ON
 
 
 def compute_dtype(mixed_precision, choice, num_gpus):
@@ -151,12 +154,36 @@ def cpu_bf16_flags(cpuinfo='/proc/cpuinfo'):
   return [f for f in BF16_FLAGS if f in flags]
 
 
-def mixed_precision_line(name, dtype, num_gpus):
-  """What --mixed_precision turned on here, for the worker to print: one
-  line; for bfloat16, a warning where this CPU computes it without
-  instructions of its own for it (slower than float32, tensorflow#42422)."""
+# The compute capability below which TensorFlow's float16 rewrite leaves a
+# GPU's ops alone (kMinGPUArch in auto_mixed_precision.cc; it logs that only
+# at VLOG 1, so a run would say nothing).
+FLOAT16_GPU = (7, 0)
+
+
+def gpu_compute_capability(index):
+  """(major, minor) of GPU index (session_config's visible_device_list
+  numbering); None if unknown."""
+  gpus = tf.config.list_physical_devices('GPU')
+  if index >= len(gpus):
+    return None
+  details = tf.config.experimental.get_device_details(gpus[index])
+  return details.get('compute_capability')
+
+
+def mixed_precision_line(task_index, dtype, num_gpus):
+  """What --mixed_precision turned on in a worker, for it to print: one
+  line; a warning where the hardware has no use for it: a CPU without
+  bfloat16 instructions of its own (slower than float32, tensorflow#42422),
+  a GPU that TensorFlow's float16 rewrite skips."""
+  name = 'Worker %d' % task_index
   scaling = 'dynamic loss scaling'
   if dtype == 'float16' and num_gpus:
+    capability = gpu_compute_capability(task_index % num_gpus)
+    if capability and capability < FLOAT16_GPU:
+      return ('%s: warning: --mixed_precision on a GPU of compute capability '
+              '%d.%d: TensorFlow\'s float16 rewrite needs %d.%d or more and '
+              'skips it, so this run computes float32 (with %s); drop the '
+              'flag' % ((name,) + capability + FLOAT16_GPU + (scaling,)))
     return ('%s: --mixed_precision: float16 compute through TensorFlow\'s '
             'auto mixed precision on the GPU, with %s; %s' % (
                 name, scaling, STAY_FLOAT32))

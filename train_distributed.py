@@ -136,8 +136,8 @@ flags.DEFINE_boolean('mixed_precision', False,
                      'variables and checkpoints stay float32.')
 flags.DEFINE_enum('mixed_precision_dtype', 'auto',
                   ['auto', 'bfloat16', 'float16'],
-                  'With --mixed_precision; float16 on a CPU is emulated, no '
-                  'faster: to check float16 before a GPU run.')
+                  'With --mixed_precision; float16 on a CPU runs its CPU '
+                  'kernels, no faster: to check float16 before a GPU run.')
 flags.DEFINE_enum('transfer_dtype', 'float32', ['float32', 'bfloat16'],
                   'Worker in a cluster: what weights and gradients cross the '
                   'network as; the ps accumulates and applies in float32.')
@@ -253,7 +253,8 @@ def build_graph(task, cluster):
          FLAGS.learning_rate_decay_factor),
         (replicas, len(task.worker_hosts)) if sync else None,
         tf.as_dtype(FLAGS.transfer_dtype) if cluster else None,
-        compute_dtype() == 'float16' and training_graph.LossScaled.INITIAL)
+        training_graph.LossScaled.INITIAL if compute_dtype() == 'float16'
+        else None)
 
 
 def make_hooks(graph, scaffold, train_dir, task, single_process):
@@ -274,7 +275,7 @@ def make_hooks(graph, scaffold, train_dir, task, single_process):
                   save_steps=FLAGS.save_summaries_steps, output_dir=train_dir,
                   scaffold=scaffold)]
   if graph.loss_scaling and is_chief:
-    hooks.append(training_session.SkippedSteps(graph.loss_scaling))
+    hooks.append(training_session.SkippedSteps(graph.loss_scaling.after))
   if FLAGS.trace_steps:
     hooks.append(training_session.TraceSteps(
         [int(s) for s in FLAGS.trace_steps], train_dir, task_index))
@@ -301,8 +302,8 @@ def train_worker(task, cluster):
       FLAGS.num_gpus, FLAGS.intra_op_threads, FLAGS.log_device_placement,
       compute_dtype())
   if compute_dtype():
-    print(cluster_runtime.mixed_precision_line(
-        'Worker %d' % task_index, compute_dtype(), FLAGS.num_gpus))
+    print(cluster_runtime.mixed_precision_line(task_index, compute_dtype(),
+                                               FLAGS.num_gpus))
   master = cluster_runtime.session_target(task, cluster, config,
                                           FLAGS.existing_servers)
   # Only now, with the data checked and the port ours, touch train_dir: a
@@ -316,9 +317,7 @@ def train_worker(task, cluster):
       for line in ps_placement.describe_loads(tf1.global_variables(),
                                               len(task.ps_hosts)):
         print('Worker 0: %s' % line)
-  # The sync optimizer's own readiness check: all global variables exist.
-  scaffold = tf1.train.Scaffold(ready_for_local_init_op=(
-      graph.sync_opt.ready_for_local_init_op if graph.sync_opt else None))
+  scaffold = training_graph.scaffold(graph)
   hooks = make_hooks(graph, scaffold, train_dir, task, cluster is None)
   try:
     run_session(graph, training_session.SessionCreator(

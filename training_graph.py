@@ -121,55 +121,92 @@ class ColocatedAverages:
 
 
 class LossScaled(tf1.train.Optimizer):
-  """Dynamic loss scaling for float16 gradients, around an SGD optimizer.
+  """Dynamic loss scaling for float16 gradients, around plain SGD.
 
   float16 gradients of a loss this small underflow to zero, so the loss is
   multiplied by a scale before the gradients and they are divided by it
-  after. A step whose gradients overflowed (inf or NaN) applies nothing
-  and halves the scale; INCREMENT_PERIOD good steps in a row double it
-  (the rule and constants of TensorFlow's DynamicLossScale, whose TF1 class
-  is deprecated). Two things differ from TensorFlow's
+  after. A step whose gradients overflowed (inf or NaN) leaves the weights
+  as they were and halves the scale; INCREMENT_PERIOD good steps in a row
+  double it (the rule and constants of TensorFlow's DynamicLossScale, whose
+  TF1 class is deprecated). Two things differ from TensorFlow's
   MixedPrecisionLossScaleOptimizer, for SyncReplicasOptimizer and the ps:
 
   * A skipped step still advances the global step. SyncReplicasOptimizer's
     accumulators count steps themselves (each take_grad moves theirs on by
     one) and drop gradients computed at an older global step as stale: had
     the global step stayed, every worker's next gradients would have been
-    dropped and the cluster would have waited forever.
+    dropped and the cluster would have waited forever (measured with
+    TensorFlow's optimizer: a synchronous run stopped at its first
+    overflow).
   * Nothing is applied under a cond: each gradient is checked where it was
     aggregated, on its variable's ps, and replaced by zeros when any
-    overflowed, which leaves SGD's weights exactly as they were. So only
-    one boolean per variable crosses between the ps tasks (checking them
-    beside the scale would have moved every gradient to its ps).
+    overflowed, which leaves SGD's weights exactly as they were (not a
+    momentum's: hence SGD only). So only one boolean per variable crosses
+    between the ps tasks (checking them beside the scale would have moved
+    every gradient to its ps).
 
-  The scale, its count of good steps and the count of skipped steps are
-  local variables on a ps, shared by the workers: they are not saved, so a
-  checkpoint resumes with or without float16, and the scale starts again
-  at its initial value when a worker starts.
+  The scale and its two counts are variables on a ps, shared by the
+  workers, in a collection of their own: not saved, so a checkpoint
+  resumes with or without float16, and initialized by the first worker
+  that starts (local_init_op), so that a worker that joins or comes back
+  later does not reset them; a new cluster, with new ps tasks, starts from
+  the initial scale.
   """
 
   INITIAL = 2.0**15  # TensorFlow's DynamicLossScale's.
   INCREMENT_PERIOD = 2000
+  COLLECTION = 'loss_scaling'
 
   def __init__(self, opt, initial_scale):
+    """Wraps opt.
+
+    Args:
+      opt: A GradientDescentOptimizer.
+      initial_scale: The scale to start from.
+    """
+    if not isinstance(opt, tf1.train.GradientDescentOptimizer):
+      raise TypeError('zeroed gradients leave only plain SGD unchanged, not '
+                      '%s' % type(opt).__name__)
     super().__init__(use_locking=False, name='LossScaled')
     self._opt = opt
-
-    def local(name, value):
-      return tf1.get_variable(name, initializer=value, trainable=False,
-                              collections=[tf1.GraphKeys.LOCAL_VARIABLES])
+    self._initial = {}
     with tf1.variable_scope('loss_scaling'):
-      self.scale = local('scale', float(initial_scale))
-      self.good_steps = local('good_steps', tf.constant(0, tf.int64))
-      self.skipped_steps = local('skipped_steps', tf.constant(0, tf.int64))
+      self.scale = self._variable('scale', float(initial_scale))
+      self.good_steps = self._variable('good_steps', tf.constant(0, tf.int64))
+      self.skipped_steps = self._variable('skipped_steps',
+                                          tf.constant(0, tf.int64))
+    self._used_scale = None
+    self.after = None
+
+  def _variable(self, name, value):
+    var = tf1.get_variable(name, initializer=value, trainable=False,
+                           collections=[self.COLLECTION])
+    self._initial[var] = value
+    return var
+
+  def local_init_op(self):
+    """An op that initializes the variables that are not yet, for each
+    worker's Scaffold.local_init_op."""
+    return tf.group(*[tf1.cond(
+        tf1.is_variable_initialized(var), tf.no_op,
+        lambda var=var, value=value: var.assign(value, read_value=False))
+                      for var, value in self._initial.items()])
+
+  def reads_after(self, op):
+    """[skipped steps, scale], read after op (a step's train op); build()
+    keeps them as .after, for training_session.SkippedSteps."""
+    with tf.control_dependencies([op]):
+      return [self.skipped_steps.read_value(), self.scale.read_value()]
 
   def compute_gradients(self, loss, var_list=None, **kwargs):
     """The gradients of loss times the scale, divided by it again."""
-    scale = self.scale.read_value()
+    self._used_scale = scale = self.scale.read_value()
     grads = self._opt.compute_gradients(loss * scale, var_list, **kwargs)
     unscaled = []
     for grad, var in grads:
       if grad is not None:
+        if isinstance(grad, tf.IndexedSlices):
+          raise TypeError('no sparse gradients here (%s)' % var.name)
         # Where the gradient is: on the worker, or with bfloat16 on the
         # wire, on the ps after its cast back (see wire_getter).
         with tf1.colocate_with(grad):
@@ -178,8 +215,10 @@ class LossScaled(tf1.train.Optimizer):
     return unscaled
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
-    """Applies the gradients if all are finite, zeros if not; advances
-    global_step either way, then updates the scale."""
+    """Applies the gradients, or zeros if any overflowed.
+
+    Either way global_step advances, then the scale is updated.
+    """
     grads_and_vars = [(g, v) for g, v in grads_and_vars if g is not None]
     checks = []
     for grad, var in grads_and_vars:
@@ -196,6 +235,9 @@ class LossScaled(tf1.train.Optimizer):
       return self._update_scale(finite)
 
   def _update_scale(self, finite):
+    """DynamicLossScale's rule. On an overflow, half the scale the step
+    used, not the scale now: asynchronous workers that overflowed at the
+    same scale halve it once between them, not once each."""
     good = tf.where(finite, self.good_steps + 1, 0)
     grow = good >= self.INCREMENT_PERIOD
     scale = self.scale.read_value()
@@ -204,11 +246,27 @@ class LossScaled(tf1.train.Optimizer):
         self.scale.assign(tf.where(
             finite,
             tf.where(grow & tf.math.is_finite(doubled), doubled, scale),
-            tf.maximum(scale / 2, 1.0))),
+            tf.minimum(scale, tf.maximum(self._used_scale / 2, 1.0)))),
         self.good_steps.assign(tf.where(grow, tf.constant(0, tf.int64), good)),
         self.skipped_steps.assign_add(
             tf.cast(tf.logical_not(finite), tf.int64)),
         name='update_loss_scale')
+
+
+def scaffold(graph):
+  """The Scaffold a worker's session is made from.
+
+  With SyncReplicasOptimizer, its own readiness check (every global
+  variable exists) before the local init; with float16, the loss scaling's
+  initializer (LossScaled.local_init_op) after the default local init.
+  """
+  local_init = tf1.train.Scaffold.default_local_init_op()
+  if graph.loss_scaling:
+    local_init = tf.group(local_init, graph.loss_scaling.local_init_op())
+  return tf1.train.Scaffold(
+      ready_for_local_init_op=(graph.sync_opt.ready_for_local_init_op
+                               if graph.sync_opt else None),
+      local_init_op=local_init)
 
 
 def optimize(loss, lr, global_step, sync, colocate, loss_scale=None):
@@ -290,6 +348,8 @@ def build(images, labels, num_ps, is_chief, learning_rate, sync=None,
   with tf.control_dependencies([train_op]):
     # The step this training step reached: read after it, not beside it.
     step_after = global_step.read_value()
+  if scaled:
+    scaled.after = scaled.reads_after(train_op)
   tf1.summary.scalar('loss', loss)
   # Not the op's name: a summary named like an op gets a suffix (accuracy_1).
   tf1.summary.scalar('accuracy', accuracy)

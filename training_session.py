@@ -139,26 +139,28 @@ def run_step(sess, fetches):
 class SkippedSteps(tf1.train.SessionRunHook):
   """The chief's line when float16's loss scaling skipped more steps.
 
-  A step whose float16 gradients overflowed applies nothing (see
-  training_graph.LossScaled); a few at the start, while the scale finds its
-  level, are expected, and many say the model's numbers do not fit float16.
-  Said after a step only when the count grew.
+  A step whose float16 gradients overflowed leaves the weights as they were
+  (see training_graph.LossScaled); a few at the start, while the scale
+  finds its level, are expected, and many say the model's numbers do not
+  fit float16. Said after a step only when the count grew.
   """
 
-  def __init__(self, loss_scaling):
-    self.fetches = [loss_scaling.skipped_steps, loss_scaling.scale]
+  def __init__(self, reads):
+    """Args: reads: [skipped steps, scale], read after the train op
+    (LossScaled.reads_after)."""
+    self.reads = reads
     self.said = 0
 
   def before_run(self, run_context):
-    return tf1.train.SessionRunArgs(self.fetches)
+    return tf1.train.SessionRunArgs(self.reads)
 
   def after_run(self, run_context, run_values):
     skipped, scale = run_values.results
     if skipped > self.said:
       self.said = skipped
-      print('Worker 0: %d steps so far had float16 gradients that overflowed '
-            'and applied nothing; the loss scale is now %g' % (skipped, scale),
-            flush=True)
+      say_as_chief('%d steps so far had float16 gradients that overflowed; '
+                   'they left the weights as they were, and the loss scale '
+                   'is now %g' % (skipped, scale))
 
 
 def say_as_chief(line):

@@ -33,13 +33,26 @@ def traced_bytes(log):
       r'the step pulled (\d+) bytes from the ps tasks and pushed (\d+)', log)]
 
 
-def rewritten(train_dir, worker):
-  """Whether a worker's trace of its step 3 ran casts (to bfloat16 or
-  float16) that TensorFlow's mixed-precision rewrite inserted."""
+def rewritten(train_dir, worker, dtype='bfloat16'):
+  """Whether a worker's trace of its step 3 ran casts to dtype that
+  TensorFlow's mixed-precision rewrite inserted."""
   with open(os.path.join(train_dir, 'trace_worker%d_step3.json' % worker)) as f:
     events = json.load(f)['traceEvents']
-  return any('AutoMixedPrecision' in e.get('args', {}).get('name', '')
-             for e in events if e.get('ph') == 'X')
+  cast = {'bfloat16': 'CastToBf16', 'float16': 'CastToFp16'}[dtype]
+  return any(cast in name and 'AutoMixedPrecision' in name
+             for name in (e.get('args', {}).get('name', '') for e in events
+                          if e.get('ph') == 'X'))
+
+
+def summaries(train_dir, tag):
+  """The chief's values of a summary tag, from its event files."""
+  values = []
+  for name in os.listdir(train_dir):
+    if name.startswith('events.out.tfevents'):
+      for event in tf1.train.summary_iterator(os.path.join(train_dir, name)):
+        values += [v.simple_value for v in event.summary.value
+                   if v.tag == tag]
+  return values
 
 
 def assert_float32_checkpoint(train_dir):
@@ -70,11 +83,16 @@ def test_both_flags_in_a_synchronous_cluster_then_resumed_async(
   if dtype == 'float16':
     assert ('Worker 0: --mixed_precision: float16 compute on the CPU' in log
             and 'with dynamic loss scaling;' in log), log
+    # The loss scaling ran: its scale, 32768 or halved by an overflow.
+    scales = summaries(train_dir, 'loss_scale')
+    assert scales and all(s in (2.0**e for e in range(16)) for s in scales)
+  else:
+    assert not summaries(train_dir, 'loss_scale')
   traced = [w for w in (0, 1) if 'wrote the trace of its step 3' in
             procs.log('worker%d' % w)]
   assert traced, procs.tails()
   for w in traced:
-    assert rewritten(train_dir, w)
+    assert rewritten(train_dir, w, dtype)
     (pulled, pushed), = traced_bytes(procs.log('worker%d' % w))
     # Half the float32 bytes each way (and a few small float32 tensors:
     # the global step, the BatchNorm statistics the chief reads). The push
@@ -115,13 +133,15 @@ def test_mixed_precision_in_one_process_then_without(procs, tiny_data,
                 '--mixed_precision_dtype=' + dtype, '--trace_steps=3', *flags)
   assert procs.wait_all(timeout=120) == {'mixed': 0}, procs.tails()
   assert MIXED.search(procs.log('mixed'))
-  assert rewritten(train_dir, 0)
+  assert rewritten(train_dir, 0, 'bfloat16' if dtype == 'auto' else dtype)
   assert traced_bytes(procs.log('mixed')) == [(0, 0)]  # No network.
   assert_float32_checkpoint(train_dir)
   procs.trainer('plain', '--max_steps=25', '--trace_steps=3', *flags)
   assert procs.wait_all(timeout=120)['plain'] == 0, procs.tails()
   assert 'resuming from %s/model.ckpt-15\n' % train_dir in procs.log('plain')
-  assert not rewritten(train_dir, 0)  # The trace of its own step 3.
+  # The trace of its own step 3.
+  assert not rewritten(train_dir, 0, 'bfloat16')
+  assert not rewritten(train_dir, 0, 'float16')
   assert checkpoint_step(train_dir) == 25
   assert_clean_logs(procs)
 
@@ -169,13 +189,15 @@ def run_scaled_steps(sync, steps, initial_scale):
                                  loss_scale=initial_scale)
     scaling = graph.loss_scaling
     weights = tf1.trainable_variables()
-    hooks = [training_session.SkippedSteps(scaling)]
+    hooks = [training_session.SkippedSteps(scaling.after)]
     if sync:
       hooks.append(graph.sync_opt.make_session_run_hook(True))
     # The chief's queue runner waits in take_grad for gradients that no
     # longer come: closing the session cancels it.
-    with tf1.train.MonitoredSession(hooks=hooks,
-                                    stop_grace_period_secs=1) as sess:
+    with tf1.train.MonitoredSession(
+        session_creator=tf1.train.ChiefSessionCreator(
+            scaffold=training_graph.scaffold(graph)),
+        hooks=hooks, stop_grace_period_secs=1) as sess:
       def read():
         return sess.run_step_fn(lambda step_context: step_context.session.run(
             [graph.global_step, scaling.skipped_steps, scaling.scale,
@@ -202,13 +224,14 @@ def run_scaled_steps(sync, steps, initial_scale):
 
 
 def test_overflowing_steps_apply_nothing_and_halve_the_scale(capsys):
-  # 2**127 times a loss above 2 is float32's inf: the first steps overflow.
+  # 2**127 times any gradient above 2 is float32's inf: from this seed's
+  # weights, the first step overflows.
   rows = run_scaled_steps(False, 40, 2.0**127)
-  # The chief's hook says so once each time the count grew.
-  assert capsys.readouterr().out.splitlines() == [
-      'Worker 0: %d steps so far had float16 gradients that overflowed and '
-      'applied nothing; the loss scale is now %g' % (n, 2.0**(127 - n))
-      for n in range(1, rows[-1][1] + 1)]
+  # The chief's hook says so once each time the count grew, after the step.
+  assert capsys.readouterr().err.splitlines() == [
+      'Worker 0: %d steps so far had float16 gradients that overflowed; they '
+      'left the weights as they were, and the loss scale is now %g' % (
+          n, 2.0**(127 - n)) for n in range(1, rows[-1][1] + 1)]
   assert [r[0] for r in rows] == list(range(1, 41))  # Every step counts.
   said = 0
   for step, skipped, scale, changed in rows:
