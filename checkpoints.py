@@ -3,20 +3,26 @@ which checkpoint to resume from, and what a failed write leaves.
 
 Restoring a checkpoint of another model fails deep inside a session with a
 long traceback (the chief) or not at all (the evaluator would skip it
-forever); both check the names and shapes first and stop with one line.
+forever); both check the names and shapes first and stop with one line. A
+checkpoint that lacks only what the code can rebuild (an earlier release's,
+without the moving averages) is resumed, not refused.
 A checkpoint whose files are damaged (truncated by a crash or a full disk)
 is skipped for the newest one that reads back whole, and never deleted. A
 save that fails (disk full, read-only, quota) leaves the last good
 checkpoint as it was; its own temporary files are removed.
 """
 
+import collections
 import errno
 import glob
+import json
 import os
 import re
 import shutil
 
 import tensorflow as tf
+
+import cifar10_files
 
 
 class TrainDirError(Exception):
@@ -25,6 +31,11 @@ class TrainDirError(Exception):
 
 class WriteError(Exception):
   """A checkpoint could not be written; reported in one line."""
+
+
+class LostPsError(WriteError):
+  """A checkpoint could not be written because a ps was lost, where no
+  recovery follows (at the end); a restart resumes (exit status 3)."""
 
 
 def prepare(train_dir, is_chief, fresh_start):
@@ -61,8 +72,14 @@ def saved_name_and_shape(var):
   return var.op.name, var.shape.as_list()
 
 
-def mismatch(checkpoint, variables):
+def mismatch(checkpoint, variables, can_rebuild=lambda var: False):
   """Returns why variables cannot be restored from checkpoint, or None.
+
+  Args:
+    checkpoint: Its path.
+    variables: The variables to restore.
+    can_rebuild: Whether a variable missing from the checkpoint can be made
+      without it (the moving average of a weight, from the weight).
 
   Raises:
     tf.errors.OpError, ValueError: when the checkpoint cannot be read.
@@ -70,10 +87,17 @@ def mismatch(checkpoint, variables):
   saved = dict(tf.train.list_variables(checkpoint))
   for var in variables:
     name, shape = saved_name_and_shape(var)
-    if saved.get(name) != shape:
+    if saved.get(name) != shape and not (name not in saved and
+                                         can_rebuild(var)):
       return '%s: %s in the checkpoint, %s here' % (
           name, saved.get(name, 'missing'), shape)
   return None
+
+
+def missing_from(checkpoint, variables):
+  """The variables that checkpoint does not hold, in their order."""
+  saved = dict(tf.train.list_variables(checkpoint))
+  return [v for v in variables if saved_name_and_shape(v)[0] not in saved]
 
 
 def first_line(error):
@@ -144,16 +168,24 @@ def newest_readable(train_dir):
   return None, skipped
 
 
-def resume_point(train_dir, variables, say):
+# What the chief resumes from: the checkpoint's path, the global step in
+# it, the variables it lacks that the chief rebuilds ([] for a checkpoint of
+# this release), and the older checkpoints beside it, oldest first.
+Resume = collections.namedtuple('Resume', 'path step missing older')
+
+
+def resume_point(train_dir, variables, say, can_rebuild=lambda var: False):
   """The checkpoint the chief resumes from: the newest readable one.
 
   Args:
     train_dir: --train_dir.
-    variables: The model's variables, which it must hold.
+    variables: The model's variables, which it must hold, but for those it
+      can rebuild.
     say: Called with one line for each damaged checkpoint skipped.
+    can_rebuild: See mismatch().
 
   Returns:
-    Its path, or None to start from scratch (no checkpoint at all).
+    A Resume, or None to start from scratch (no checkpoint at all).
 
   Raises:
     TrainDirError: when it is of another model, or none of the checkpoints
@@ -170,13 +202,92 @@ def resume_point(train_dir, variables, say):
           'them away to start over, or --fresh_start to delete them' % (
               len(skipped), train_dir))
     return None
-  problem = mismatch(checkpoint, variables)
+  problem = mismatch(checkpoint, variables, can_rebuild)
   if problem:
     raise TrainDirError(
         '--train_dir=%s holds a checkpoint of a different model (%s): use '
         'another --train_dir, or --fresh_start to delete it' % (train_dir,
                                                                 problem))
-  return checkpoint
+  # Damaged ones are newer: left alone, and replaced when their step is
+  # saved again.
+  older = sorted((p for p in candidates(train_dir)
+                  if step_of(p) < step_of(checkpoint)), key=step_of)
+  return Resume(checkpoint, int(tf.train.load_variable(checkpoint,
+                                                       'global_step')),
+                missing_from(checkpoint, variables), older)
+
+
+def keep_newest(saver, train_dir):
+  """Deletes the checkpoints the saver keeps beyond its max_to_keep.
+
+  A Saver deletes one old checkpoint per save, of those it has itself
+  written or was told of (recover_last_checkpoints): told of a train_dir
+  that already holds more (an earlier release forgot them at each
+  restart), it would keep them all. Called after a save, so the newest
+  checkpoint is always one just written.
+  """
+  paths = saver.last_checkpoints
+  keep = saver.saver_def.max_to_keep
+  if not keep or len(paths) <= keep:
+    return
+  for path in paths[:-keep]:
+    try:
+      tf.compat.v1.train.remove_checkpoint(path)
+    except (tf.errors.OpError, OSError):
+      pass  # Gone already (deleted by hand, say).
+  saver.recover_last_checkpoints(paths[-keep:])
+  tf.compat.v1.train.update_checkpoint_state(
+      train_dir, paths[-1], all_model_checkpoint_paths=paths[-keep:])
+
+
+# Where the chief records what the run trains on (cifar10_files.identity).
+DATA_RECORD = 'data.json'
+
+
+def check_data_record(train_dir, found, resume, new_data, say):
+  """Records in train_dir the training set a run trains on; stops a chief
+  that would resume it on another one.
+
+  Args:
+    train_dir: --train_dir, made.
+    found: cifar10_files.identity() of --data_dir.
+    resume: The checkpoints.Resume the chief resumes, or None.
+    new_data: --new_data: resume on other data (fine-tuning), recorded.
+    say: Called with one line: what it trains on.
+
+  Raises:
+    TrainDirError: resuming on data other than the recorded one, without
+      new_data; or when the record cannot be written.
+  """
+  path = os.path.join(train_dir, DATA_RECORD)
+  try:
+    with open(path) as f:
+      recorded = json.load(f)
+    recorded = recorded if cifar10_files.describe(recorded) else None
+  except (OSError, ValueError, TypeError, KeyError):
+    recorded = None  # A new run, one from before the record, or a damaged one.
+  if resume and recorded and recorded['sha256'] != found['sha256']:
+    if not new_data:
+      raise TrainDirError(
+          '--train_dir=%s was trained on %s, not on the --data_dir given, %s: '
+          'pass the --data_dir it was trained on, another --train_dir, '
+          '--fresh_start to start over, or --new_data to train it on this data' % (train_dir, cifar10_files.describe(recorded),
+                    cifar10_files.describe(found)))
+    say('--new_data: %s was trained on %s; it trains on %s from now on' % (
+        train_dir, cifar10_files.describe(recorded),
+        cifar10_files.describe(found)))
+  else:
+    say('training on %s%s' % (cifar10_files.describe(found), (
+        '; %s did not say what it was trained on before (an earlier '
+        'release)' % train_dir) if resume and not recorded else ''))
+    if recorded and recorded['sha256'] == found['sha256']:
+      return
+  try:
+    with open(path + '.tmp', 'w') as f:
+      json.dump(found, f, indent=1)
+    os.replace(path + '.tmp', path)
+  except OSError as e:
+    raise TrainDirError('cannot write %s: %s' % (path, e.strerror))
 
 
 # What the OS says when a write cannot be done; TensorFlow ends its status
@@ -189,15 +300,23 @@ WRITE_FAILURES = [os.strerror(e) for e in (
 ATOMIC_TEMP = re.compile(r'^(checkpoint|graph\.pbtxt)\.tmp[0-9a-f]{32}$')
 
 
-def write_failure(train_dir, step, error):
+def write_failure(train_dir, step, error, lost=None):
   """Cleans up after a failed save of step; returns the WriteError to raise.
 
   Removes what the save wrote: model.ckpt-STEP_temp/ (where the shards go
   before they are merged) and TensorFlow's atomic-write temporaries. The
   checkpoints themselves are not touched.
+
+  Args:
+    train_dir, step: Where, and of which step (None: the last, its step
+      not read).
+    error: The save's TensorFlow error.
+    lost: Why, when the cause is a lost task of the cluster (the ps tasks
+      that cannot be reached, cluster_runtime.lost_ps): a LostPsError.
   """
-  shutil.rmtree(os.path.join(train_dir, 'model.ckpt-%d_temp' % step),
-                ignore_errors=True)
+  if step is not None:
+    shutil.rmtree(os.path.join(train_dir, 'model.ckpt-%d_temp' % step),
+                  ignore_errors=True)
   for name in os.listdir(train_dir):
     if ATOMIC_TEMP.match(name):
       try:
@@ -205,11 +324,15 @@ def write_failure(train_dir, step, error):
       except OSError:
         pass
   text = str(error)
-  cause = next((f for f in WRITE_FAILURES if f in text), first_line(error))
+  cause = lost or next((f for f in WRITE_FAILURES if f in text),
+                       first_line(error))
   last, _ = newest_readable(train_dir)
-  return WriteError(
-      'cannot write the checkpoint of step %d in %s: %s. %s; free space or '
-      'fix the directory, then restart to resume' % (
-          step, train_dir, cause,
+  return (LostPsError if lost else WriteError)(
+      'cannot write the %s in %s: %s. %s; %s' % (
+          'last checkpoint' if step is None else
+          'checkpoint of step %d' % step, train_dir, cause,
           'The last good checkpoint, %s, is kept' % last if last else
-          'There is no earlier checkpoint'))
+          'There is no earlier checkpoint',
+          'start the lost task again, then this one: it resumes from there'
+          if lost
+          else 'free space or fix the directory, then restart to resume'))

@@ -20,6 +20,7 @@ import time
 import tensorflow as tf
 
 import checkpoints
+import cifar10_files
 import cifar10_input
 import cifar10_model
 
@@ -99,6 +100,8 @@ def evaluate_checkpoint(checkpoint, fetches, saver, local_init, config):
       coord.request_stop()
       coord.join(threads)
   examples = int(totals['examples'])
+  if not examples:  # Checked by the reader; kept from dividing by zero.
+    raise cifar10_input.DataError('the test set gave no example to evaluate')
   return {
       'step': int(out['global_step']),
       'loss': float(totals['xent_sum'] / examples + out['regularization']),
@@ -107,6 +110,23 @@ def evaluate_checkpoint(checkpoint, fetches, saver, local_init, config):
       'checkpoint': checkpoint,
       'wall_time': time.time(),
   }
+
+
+def test_set_line(data_dir, train_dir):
+  """What the evaluator tests on, and what the chief recorded training on
+  where that is another folder."""
+  data_dir = os.path.abspath(data_dir)
+  line = 'Evaluator: testing on %s, %d records of %s data' % (
+      os.path.join(data_dir, cifar10_files.TEST_FILE),
+      cifar10_files.num_records(data_dir, True), cifar10_files.kind(data_dir))
+  try:
+    with open(os.path.join(train_dir, checkpoints.DATA_RECORD)) as f:
+      trained = json.load(f)
+    if trained['data_dir'] != data_dir:
+      line += '; the chief trains on %s' % cifar10_files.describe(trained)
+  except (OSError, ValueError, TypeError, KeyError):
+    pass  # No record (yet), or a damaged one.
+  return line
 
 
 def report(result, eval_dir, writer):
@@ -146,17 +166,18 @@ def run(train_dir, data_dir, batch_size, standardize, max_steps,
   print('Evaluator: watching %s every %g s; results in %s' %
         (train_dir, eval_interval_secs, os.path.join(eval_dir, RESULTS_FILE)),
         flush=True)
+  print(test_set_line(data_dir, train_dir), flush=True)
   writer = None  # Made with the first result: a wrong --train_dir gets none.
   seen = set()  # Evaluated, gone, or unreadable: not tried again.
   while True:
     checkpoint = latest(train_dir, run_once)
-    if run_once and (checkpoint is None or checkpoint in seen):
+    if run_once and (checkpoint is None or version(checkpoint) in seen):
       print('Error: no readable checkpoint in %s to evaluate: train first, '
             'or point --train_dir at the chief\'s' % train_dir,
             file=sys.stderr)
       return 1
-    if checkpoint and checkpoint not in seen:
-      seen.add(checkpoint)
+    if checkpoint and version(checkpoint) not in seen:
+      seen.add(version(checkpoint))
       result = evaluate_new(checkpoint, fetches, savers, local_init, config)
       if result is None:
         continue
@@ -203,6 +224,17 @@ def evaluate_new(checkpoint, fetches, savers, local_init, config):
     # checkpoint may be fine. Nothing is deleted.
     skip(checkpoint, checkpoints.first_line(e))
     return None
+
+
+def version(checkpoint):
+  """What tells one checkpoint from another: its path and when its index
+  was written. The chief writes model.ckpt-N again after it fell back past
+  a damaged model.ckpt-N (or a ps was lost after N was saved): a new
+  checkpoint under the same name."""
+  try:
+    return checkpoint, os.stat(checkpoint + '.index').st_mtime_ns
+  except OSError:
+    return checkpoint, None  # Gone already; evaluate_new says nothing.
 
 
 def latest(train_dir, readable):

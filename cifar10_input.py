@@ -12,31 +12,20 @@ augmentation and standardization the reference had commented out (switchable,
 to reproduce its raw-pixel run).
 """
 
-import glob
-import os
-import re
-
-import numpy as np
 import tensorflow as tf
+
+# The data files' layout and validation live in cifar10_files, which does not
+# import TensorFlow (the downloader uses them); they are re-exported here.
+from cifar10_files import (  # pylint: disable=unused-import
+    DataError, IMAGE_BYTES, NUM_CLASSES, RECORD_BYTES, TEST_FILE,
+    TRAIN_PATTERN, check_data, cifar_depth, cifar_height, cifar_label_bytes,
+    cifar_width, count_records, data_files, num_records)
 
 tf1 = tf.compat.v1
 
 IMAGE_SIZE = 32
-NUM_CLASSES = 10
 NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN = 50000
 NUM_EXAMPLES_PER_EPOCH_FOR_EVAL = 10000
-
-# Record layout: 1 label byte, then 1024 red, 1024 green, 1024 blue bytes,
-# each plane row-major 32x32.
-cifar_label_bytes = 1
-cifar_height = 32
-cifar_width = 32
-cifar_depth = 3
-IMAGE_BYTES = cifar_height * cifar_width * cifar_depth
-RECORD_BYTES = cifar_label_bytes + IMAGE_BYTES
-
-TRAIN_PATTERN = 'data_batch_*.bin'
-TEST_FILE = 'test_batch.bin'
 
 # The reference keeps 40% of an epoch in the shuffle queue (20,000 records for
 # CIFAR-10); we keep that fraction of the records present, capped at the
@@ -51,95 +40,6 @@ PAD_PIXELS = 4
 RECORDS_PER_READ = 32
 MAX_BRIGHTNESS_DELTA = 63
 CONTRAST_RANGE = (0.2, 1.8)
-
-
-class DataError(ValueError):
-  """The CIFAR-10 data on disk is missing or malformed."""
-
-
-def data_files(data_dir, eval_data):
-  """Returns the sorted list of files to read, checking that they exist.
-
-  Args:
-    data_dir: Directory holding `data_batch_*.bin` and `test_batch.bin`.
-    eval_data: Python bool; True reads `test_batch.bin`, False the training
-      files.
-
-  Returns:
-    A list of file paths, training files in numeric order.
-
-  Raises:
-    DataError: if the directory or the files are missing.
-  """
-  if not os.path.isdir(data_dir):
-    raise DataError(
-        'data directory %s does not exist: pass --data_dir=DIR holding the '
-        'CIFAR-10 binary files, or make synthetic ones with '
-        'scripts/make_synthetic_cifar10.py --data_dir=DIR' % data_dir)
-  if eval_data:
-    files = [os.path.join(data_dir, TEST_FILE)]
-    if not os.path.isfile(files[0]):
-      raise DataError('%s is missing: the test set of the CIFAR-10 binary '
-                      'version is needed for evaluation' % files[0])
-    return files
-  files = glob.glob(os.path.join(data_dir, TRAIN_PATTERN))
-  if not files:
-    raise DataError('no %s in %s: --data_dir must hold the CIFAR-10 binary '
-                    'files (cifar-10-batches-bin)' % (TRAIN_PATTERN, data_dir))
-  return sorted(files, key=lambda f: [int(t) if t.isdigit() else t
-                                      for t in re.split(r'(\d+)', f)])
-
-
-def count_records(files):
-  """Validates each file's size and labels; returns the number of records.
-
-  Args:
-    files: Paths of CIFAR-10 binary files.
-
-  Returns:
-    The total number of records in `files`.
-
-  Raises:
-    DataError: naming the first file whose size is not a positive multiple of
-      the record size, or which holds a label byte of NUM_CLASSES or more.
-  """
-  total = 0
-  for path in files:
-    size = os.path.getsize(path)
-    if size == 0 or size % RECORD_BYTES:
-      raise DataError(
-          '%s has %d bytes, not a positive multiple of the %d-byte CIFAR-10 '
-          'record: the file is truncated or not CIFAR-10 binary data; '
-          'download or generate it again' % (path, size, RECORD_BYTES))
-    labels = np.fromfile(path, dtype=np.uint8).reshape(-1, RECORD_BYTES)[:, 0]
-    bad = np.flatnonzero(labels >= NUM_CLASSES)
-    if bad.size:
-      raise DataError(
-          '%s: record %d has label %d, but labels must be 0..%d: the file is '
-          'corrupt or not CIFAR-10 data' % (path, bad[0], labels[bad[0]],
-                                            NUM_CLASSES - 1))
-    total += labels.size
-  return total
-
-
-def check_data(data_dir, eval_data):
-  """Returns (files, number of records) after validating them.
-
-  Args:
-    data_dir: Directory of the CIFAR-10 binary files.
-    eval_data: Python bool, True for the test set.
-
-  Raises:
-    DataError: with one line saying what is wrong and how to fix it.
-  """
-  files = data_files(data_dir, eval_data)
-  return files, count_records(files)
-
-
-def num_records(data_dir, eval_data):
-  """Returns the number of records in the data files, from their sizes."""
-  return sum(os.path.getsize(f) for f in data_files(data_dir, eval_data)
-             ) // RECORD_BYTES
 
 
 def queue_sizes(num_records, batch_size):

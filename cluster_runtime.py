@@ -18,6 +18,7 @@ import threading
 import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
+import checkpoints
 from cluster_config import UsageError
 
 tf1 = tf.compat.v1
@@ -288,44 +289,120 @@ def run_ps(cluster, task_index):
   return 0
 
 
-def done_ops(num_ps, task_index, sync_opt=None):
-  """Returns (close_tokens, [post_done per ps]) for tell_cluster_done().
-
-  Args:
-    num_ps: The ps tasks, each with a done queue.
-    task_index: This worker's index, which it posts.
-    sync_opt: The chief's SyncReplicasOptimizer, whose token queue it
-      closes; None on other workers and in asynchronous training.
-  """
-  posts = [done_queue(i).enqueue(task_index) for i in range(num_ps)]
-  close_tokens = (sync_opt.get_chief_queue_runner().queue.close(
-      cancel_pending_enqueues=True) if sync_opt else tf.no_op())
-  return close_tokens, posts
+# How long a worker at the end waits for each ps to take its done post.
+DONE_TIMEOUT_SECS = 10
 
 
-def tell_cluster_done(master, config, close_tokens, posts, global_step):
-  """Releases the other workers, tells each ps, returns the global step.
+def tell_cluster_done(master, config, task_index, ps_hosts, global_step,
+                      close_tokens):
+  """Releases the other workers, tells each ps, reads the global step.
 
   The chief of a synchronous run closes the token queue, so that workers
   blocked waiting for a token stop instead of hanging. Every worker then
-  posts to each ps's done queue, one at a time, so that a ps that cannot be
-  reached does not keep the others from hearing; a ps exits when all
-  workers have posted. Returns None when the global step cannot be read.
-  """
-  def run(op, what):
-    try:
-      return sess.run(op)
-    except tf.errors.OpError as e:
-      print('Warning: could not %s: %s' % (what, str(e).splitlines()[0]),
-            file=sys.stderr, flush=True)
-      return None
+  posts to each ps's done queue; a ps exits when all workers have posted.
+  One ps at a time, each in a session and a graph of its own (a session
+  waits, with no timeout, for every task its device filters name, and
+  places every op of its graph) bounded by DONE_TIMEOUT_SECS: a ps that is
+  lost or does not answer is named, and the others still hear.
 
-  with tf1.Session(master, config=config) as sess:
-    run(close_tokens, 'release the workers waiting for a token')
-    step = run(global_step, 'read the global step')
-    for i, post in enumerate(posts):
-      run(post, 'tell ps %d that this worker is done' % i)
-  return None if step is None else int(step)
+  Args:
+    master, config: This worker's session target and config.
+    task_index: This worker's index, which it posts.
+    ps_hosts: The ps tasks.
+    global_step: The training graph's global step (a resource variable,
+      read here through its name on its ps).
+    close_tokens: Whether to close SyncReplicasOptimizer's token queue (the
+      synchronous chief), which lives beside the global step.
+
+  Returns:
+    The global step, or None when its ps could not be reached. (A session
+    left waiting on a ps that does not answer is a daemon thread's: it
+    does not keep the process from exiting.)
+  """
+  step_ps = tf.DeviceSpec.from_string(global_step.device).task or 0
+  step = None
+  for i, host in enumerate(ps_hosts):
+    lost = unreachable([host])
+    if lost:
+      why = 'it cannot be reached (%s)' % lost[0][2]
+    else:
+      ops, read = [], None
+      with tf.Graph().as_default():  # The shared queue and step, by name.
+        if i == step_ps:
+          with tf.device(global_step.device):
+            if close_tokens:
+              ops.append(tf1.FIFOQueue(
+                  -1, global_step.dtype.base_dtype, shapes=(),
+                  shared_name='sync_token_q').close(
+                      cancel_pending_enqueues=True))
+            read = tf1.get_variable(
+                global_step.op.name, [], global_step.dtype.base_dtype,
+                trainable=False, use_resource=True).read_value().op
+            ops.append(read)
+        ops.append(done_queue(i).enqueue(task_index))
+      why, results = run_bounded(master, config, task_index, i, ops)
+      if read in results:
+        step = int(results[read])
+      if close_tokens and ops[0] not in results:
+        print('Warning: could not release the workers waiting for a token '
+              'on ps %d: %s' % (i, why), file=sys.stderr, flush=True)
+      if ops[-1] in results:
+        continue
+    print('Warning: could not tell ps %d at %s that worker %d is done: %s; '
+          'it waits for that until it is stopped (Ctrl-C; the chief\'s '
+          'checkpoints hold the model)' % (i, host, task_index, why),
+          file=sys.stderr, flush=True)
+  return step
+
+
+def run_bounded(master, config, task_index, ps_index, ops):
+  """Runs each of ops, in order, in a session of worker task_index that
+  sees only ps ps_index, for at most DONE_TIMEOUT_SECS in all.
+
+  Returns:
+    (why the first that failed did, or None; {op: its result} of those
+    that ran).
+  """
+  filtered = tf1.ConfigProto()
+  filtered.CopyFrom(config)
+  del filtered.device_filters[:]
+  filtered.device_filters.extend(['/job:ps/task:%d' % ps_index,
+                                  '/job:worker/task:%d' % task_index])
+  results, errors = {}, []
+
+  def run():
+    try:
+      with tf1.Session(master, graph=ops[0].graph, config=filtered) as sess:
+        for op in ops:
+          try:
+            results[op] = sess.run(op.outputs[0] if op.outputs else op)
+          except tf.errors.OpError as e:
+            errors.append(checkpoints.first_line(e))
+    except Exception as e:  # pylint: disable=broad-except
+      errors.append('%s: %s' % (type(e).__name__, checkpoints.first_line(e)))
+
+  thread = threading.Thread(target=run, daemon=True, name='done_%d' % ps_index)
+  thread.start()
+  thread.join(DONE_TIMEOUT_SECS)
+  if thread.is_alive():
+    return 'it did not answer in %d s' % DONE_TIMEOUT_SECS, dict(results)
+  return (errors[0] if errors else None), results
+
+
+# What a step or a save fails with when a task of the cluster is lost.
+LOST_TASK_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError,
+                    tf.errors.CancelledError)
+
+
+def name_ps(missing):
+  """'ps 1 at host:port (Connection refused), ...' for unreachable()'s
+  list of ps tasks."""
+  return ', '.join('ps %d at %s (%s)' % m for m in missing)
+
+
+def lost_ps(ps_hosts):
+  """name_ps() of the ps tasks that take no connection; None if none."""
+  return name_ps(unreachable(ps_hosts)) or None
 
 
 def unreachable(hosts, timeout=2.0):

@@ -84,7 +84,10 @@ def ps_loads(variables, num_ps):
 
 
 def describe_loads(variables, num_ps):
-  """Returns one line per ps: how many variables and bytes it holds."""
+  """Returns one line per ps: how many variables and bytes it holds (none
+  without a ps)."""
+  if not num_ps:
+    return []
   loads = ps_loads(variables, num_ps)
   total = sum(size for _, size in loads) or 1
   return ['ps %d holds %d variables, %d bytes (%.1f%%)' % (

@@ -43,10 +43,10 @@ import tensorflow as tf
 
 import checkpoints
 import cifar10_eval
+import cifar10_files
 import cifar10_input
 import cluster_config
 import cluster_runtime
-import ps_placement
 import training_graph
 import training_session
 
@@ -64,23 +64,20 @@ flags.DEFINE_integer('batch_size', 128,
                      'Number of images to process in a batch.')
 flags.DEFINE_string('data_dir', './cifar-10-batches-bin',
                     'Path to the CIFAR-10 data directory.')
-flags.DEFINE_integer('num_gpus', 0,
-                     'Total number of gpus for each machine. If you don\'t use '
-                     'GPU, please set it to \'0\'. Worker i uses GPU '
-                     'i % num_gpus; ps tasks never use a GPU.')
+flags.DEFINE_integer('num_gpus', 0, 'Total number of gpus for each machine. '
+                     'If you don\'t use GPU, please set it to \'0\'. Worker '
+                     'i uses GPU i % num_gpus; ps tasks never use a GPU.')
 flags.DEFINE_string('ps_hosts', 'localhost:2222',
                     'Comma-separated list of hostname:port pairs. Empty: '
                     'train in one process, without a cluster.')
 flags.DEFINE_string('worker_hosts', 'localhost:2223,localhost:2224',
                     'Comma-separated list of hostname:port pairs')
-flags.DEFINE_string('job_name', None,
-                    'job name: worker or ps; or evaluator, which evaluates '
-                    'the chief\'s checkpoints on the test set and needs no '
-                    'cluster')
+flags.DEFINE_string('job_name', None, 'job name: worker or ps; or evaluator, '
+                    'which evaluates the chief\'s checkpoints on the test '
+                    'set and needs no cluster')
 flags.DEFINE_integer('task_index', None, 'Index of task within the job')
-flags.DEFINE_boolean('sync_replicas', True,
-                     'Whether or not to synchronize the replicas during '
-                     'training.')
+flags.DEFINE_boolean('sync_replicas', True, 'Whether or not to synchronize '
+                     'the replicas during training.')
 flags.DEFINE_boolean('existing_servers', False,
                      'Whether servers already exists. If True, will use the '
                      'worker hosts via their GRPC URLs (one client process '
@@ -98,9 +95,8 @@ flags.DEFINE_integer('replicas_to_aggregate', None,
 flags.DEFINE_integer('save_checkpoint_steps', 100,
                      'The chief writes a checkpoint every this many global '
                      'steps, and at the end.')
-flags.DEFINE_integer('save_summaries_steps', 100,
-                     'The chief writes TensorBoard summaries every this many '
-                     'global steps.')
+flags.DEFINE_integer('save_summaries_steps', 100, 'The chief writes '
+                     'TensorBoard summaries every this many global steps.')
 flags.DEFINE_integer('log_frequency', 10,
                      'Print a progress line every this many local steps.')
 flags.DEFINE_integer('num_preprocess_threads', 16,
@@ -108,25 +104,24 @@ flags.DEFINE_integer('num_preprocess_threads', 16,
 flags.DEFINE_boolean('distort', True,
                      'Augment training images (pad and random crop, flip, '
                      'brightness, contrast). The reference had this off.')
-flags.DEFINE_boolean('standardize', True,
-                     'Per-image standardization of the input. The reference '
-                     'had this off (raw 0..255 pixels).')
+flags.DEFINE_boolean('standardize', True, 'Per-image standardization of the '
+                     'input. The reference had this off (raw 0..255 pixels).')
 flags.DEFINE_float('initial_learning_rate', 0.1, 'Initial learning rate.')
 flags.DEFINE_float('num_epochs_per_decay', 350.0,
                    'Epochs after which the learning rate decays.')
 flags.DEFINE_float('learning_rate_decay_factor', 0.1,
                    'Learning rate decay factor.')
-flags.DEFINE_integer('seed', 0,
-                     'Random seed; worker i uses seed + i for its file order, '
-                     'shuffling and augmentation.')
+flags.DEFINE_integer('seed', 0, 'Random seed; worker i uses seed + i for its '
+                     'file order, shuffling and augmentation.')
 flags.DEFINE_boolean('fresh_start', False,
                      'Chief only: delete --train_dir and start over instead '
                      'of resuming from its latest checkpoint.')
-flags.DEFINE_integer('intra_op_threads', 0,
-                     'Threads each op may use in a worker. 0: the cores of '
-                     'this machine divided by the workers listed on the same '
-                     'host, so that co-located workers do not fight over '
-                     'cores.')
+flags.DEFINE_boolean('new_data', False, 'Chief: resume a --train_dir trained '
+                     'on other data (to fine-tune); the new data is recorded.')
+flags.DEFINE_integer('intra_op_threads', 0, 'Threads each op may use in a '
+                     'worker. 0: the cores of this machine divided by the '
+                     'workers listed on the same host, so that co-located '
+                     'workers do not fight over cores.')
 flags.DEFINE_float('eval_interval_secs', 5,
                    'Evaluator: how often to look for a new checkpoint.')
 flags.DEFINE_boolean('run_once', False,
@@ -138,12 +133,15 @@ flags.DEFINE_enum('mixed_precision_dtype', 'auto',
                   ['auto', 'bfloat16', 'float16'],
                   'With --mixed_precision; float16 on a CPU runs its CPU '
                   'kernels, no faster: to check float16 before a GPU run.')
+flags.DEFINE_float('initial_loss_scale', 32768.0, 'Worker, with float16: the '
+                   'loss scale to start from (TensorFlow\'s default).')
+flags.DEFINE_integer('loss_scale_period', 2000, 'Worker, with float16: good '
+                     'steps in a row that double the loss scale.')
 flags.DEFINE_enum('transfer_dtype', 'float32', ['float32', 'bfloat16'],
                   'Worker in a cluster: what weights and gradients cross the '
                   'network as; the ps accumulates and applies in float32.')
-flags.DEFINE_list('trace_steps', [],
-                  'Worker: its own steps (from 1) to write a Chrome trace '
-                  'of, into --train_dir, e.g. 50,51.')
+flags.DEFINE_list('trace_steps', [], 'Worker: its own steps (from 1) to '
+                  'write a Chrome trace of, into --train_dir, e.g. 50,51.')
 
 
 def apply_tf_config():
@@ -167,7 +165,7 @@ def check_flags():
   apply_tf_config()
   for name in ('batch_size', 'max_steps', 'save_checkpoint_steps',
                'save_summaries_steps', 'log_frequency',
-               'num_preprocess_threads'):
+               'num_preprocess_threads', 'loss_scale_period'):
     if getattr(FLAGS, name) < 1:
       raise cluster_config.UsageError('--%s must be at least 1 (got %d)' %
                                       (name, getattr(FLAGS, name)))
@@ -175,6 +173,9 @@ def check_flags():
     if getattr(FLAGS, name) < 0:
       raise cluster_config.UsageError('--%s must be 0 or more (got %s)' %
                                       (name, getattr(FLAGS, name)))
+  if not FLAGS.initial_loss_scale > 0:  # NaN neither.
+    raise cluster_config.UsageError('--initial_loss_scale must be more than '
+                                    '0 (got %s)' % FLAGS.initial_loss_scale)
   if not all(s.isdigit() and int(s) >= 1 for s in FLAGS.trace_steps):
     raise cluster_config.UsageError(
         '--trace_steps must be step numbers from 1, e.g. 50,51 (got %s)' %
@@ -204,7 +205,7 @@ def main(_):
   except (cluster_config.UsageError, cifar10_input.DataError,
           checkpoints.TrainDirError, checkpoints.WriteError) as e:
     print('Error: %s' % e, file=sys.stderr)
-    return 2
+    return 3 if isinstance(e, checkpoints.LostPsError) else 2
 
 
 def train():
@@ -253,8 +254,8 @@ def build_graph(task, cluster):
          FLAGS.learning_rate_decay_factor),
         (replicas, len(task.worker_hosts)) if sync else None,
         tf.as_dtype(FLAGS.transfer_dtype) if cluster else None,
-        training_graph.LossScaled.INITIAL if compute_dtype() == 'float16'
-        else None)
+        FLAGS.initial_loss_scale if compute_dtype() == 'float16' else None,
+        FLAGS.loss_scale_period)
 
 
 def make_hooks(graph, scaffold, train_dir, task, single_process):
@@ -268,9 +269,12 @@ def make_hooks(graph, scaffold, train_dir, task, single_process):
               training_session.JoinedWorkers(
                   task_index, task.worker_hosts,
                   FLAGS.replicas_to_aggregate or len(task.worker_hosts))]
+  if not is_chief and not single_process:
+    hooks.append(training_session.ChiefWatch(
+        task_index, task.worker_hosts[0], graph.global_step, FLAGS.max_steps))
   if is_chief:
     hooks += [training_session.CheckpointSaver(
-        train_dir, FLAGS.save_checkpoint_steps, scaffold),
+        train_dir, FLAGS.save_checkpoint_steps, scaffold, task.ps_hosts),
               tf1.train.SummarySaverHook(
                   save_steps=FLAGS.save_summaries_steps, output_dir=train_dir,
                   scaffold=scaffold)]
@@ -283,7 +287,7 @@ def make_hooks(graph, scaffold, train_dir, task, single_process):
   hooks.append(training_session.StopOnSignal(
       'Worker %d' % task_index,
       *((scaffold, train_dir, graph.global_step) if is_chief else ()),
-      wait_for_step=single_process))
+      wait_for_step=single_process, ps_hosts=task.ps_hosts))
   return hooks
 
 
@@ -294,9 +298,6 @@ def train_worker(task, cluster):
   # absolute path, not one relative to their working directory.
   train_dir = os.path.abspath(FLAGS.train_dir)
   graph = build_graph(task, cluster)
-  if cluster is not None:
-    close_tokens, posts = cluster_runtime.done_ops(
-        len(task.ps_hosts), task_index, graph.sync_opt if is_chief else None)
   config = cluster_runtime.session_config(
       'worker', task_index, task.worker_hosts if cluster else None,
       FLAGS.num_gpus, FLAGS.intra_op_threads, FLAGS.log_device_placement,
@@ -309,37 +310,27 @@ def train_worker(task, cluster):
   # Only now, with the data checked and the port ours, touch train_dir: a
   # mistake on the command line must not cost a --fresh_start deletion.
   checkpoints.prepare(train_dir, is_chief, FLAGS.fresh_start)
-  resume_from = None
-  if is_chief:
-    resume_from = checkpoints.resume_point(
-        train_dir, tf1.global_variables(), training_session.say_as_chief)
-    if cluster is not None:
-      for line in ps_placement.describe_loads(tf1.global_variables(),
-                                              len(task.ps_hosts)):
-        print('Worker 0: %s' % line)
+  resume = training_session.chief_start(
+      train_dir, cifar10_files.identity(FLAGS.data_dir), FLAGS.new_data,
+      FLAGS.max_steps, len(task.ps_hosts)) if is_chief else None
   scaffold = training_graph.scaffold(graph)
   hooks = make_hooks(graph, scaffold, train_dir, task, cluster is None)
   try:
-    run_session(graph, training_session.SessionCreator(
-        scaffold, master, config, task, train_dir, resume_from), hooks,
-                task_index, train_dir)
+    last_step = run_session(graph, training_session.SessionCreator(
+        scaffold, master, config, task, train_dir, resume), hooks,
+                            task_index, train_dir)
   except tf1.train.NanLossDuringTrainingError:
     print('Error: the model diverged with loss = NaN; the last good '
           'checkpoint in %s is kept. Lower --initial_learning_rate and '
           'restart.' % train_dir, file=sys.stderr)
     return 1
-  finally:
-    if cluster is not None:
-      final_step = cluster_runtime.tell_cluster_done(
-          master, config, close_tokens, posts, graph.global_step)
-  if cluster is None:
-    final_step = tf.train.load_variable(train_dir, 'global_step')
-  if final_step is None:
-    return 1
-  print('Worker %d: training finished at global step %d' % (task_index,
-                                                            final_step),
-        flush=True)
-  return 0 if final_step >= FLAGS.max_steps else 1
+  finally:  # The step on the ps, or else the last this worker saw.
+    final_step = None if cluster is None else (
+        cluster_runtime.tell_cluster_done(
+            master, config, task_index, task.ps_hosts, graph.global_step,
+            bool(graph.sync_opt) and is_chief))
+  return training_session.finished(task_index, final_step or last_step,
+                                   FLAGS.max_steps)
 
 
 def run_session(graph, creator, hooks, task_index, train_dir):
@@ -355,18 +346,25 @@ def run_session(graph, creator, hooks, task_index, train_dir):
           flush=True)
     writer = (tf1.summary.FileWriterCache.get(train_dir) if task_index == 0
               else None)
-    run_loop(sess, [graph.step_after, graph.loss, graph.accuracy], writer)
+    return run_loop(sess, [graph.step_after, graph.loss, graph.accuracy],
+                    writer, graph.global_step)
 
 
-def run_loop(sess, fetches, writer):
-  """Runs training steps until a hook stops the session; prints progress.
+def run_loop(sess, fetches, writer, global_step):
+  """Runs training steps until a hook stops the session; prints progress;
+  returns the global step after this worker's last step (None: no step).
 
   Args:
     sess: The MonitoredSession.
     fetches: [global step after the train op, loss, accuracy]; running the
       first runs the train op.
     writer: The chief's summary writer, for examples/sec; None elsewhere.
+    global_step: Its tensor: a run resumed at max_steps takes no step.
   """
+  step = sess.run_step_fn(
+      lambda step_context: step_context.session.run(global_step))
+  if step >= FLAGS.max_steps:  # StopAtStepHook would let one step run.
+    return step
   local_step = 0
   start = time.time()
   left = training_session.TimeLeft(FLAGS.max_steps)
@@ -393,6 +391,7 @@ def run_loop(sess, fetches, writer):
       # StopAtStepHook's estimate (the step before the run, plus one) lags
       # behind the other workers' updates and lets a worker overshoot.
       break
+  return step
 
 
 if __name__ == '__main__':

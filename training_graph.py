@@ -126,8 +126,8 @@ class LossScaled(tf1.train.Optimizer):
   float16 gradients of a loss this small underflow to zero, so the loss is
   multiplied by a scale before the gradients and they are divided by it
   after. A step whose gradients overflowed (inf or NaN) leaves the weights
-  as they were and halves the scale; INCREMENT_PERIOD good steps in a row
-  double it (the rule and constants of TensorFlow's DynamicLossScale, whose
+  as they were and halves the scale; increment_period good steps in a row
+  double it (the rule and defaults of TensorFlow's DynamicLossScale, whose
   TF1 class is deprecated). Two things differ from TensorFlow's
   MixedPrecisionLossScaleOptimizer, for SyncReplicasOptimizer and the ps:
 
@@ -150,32 +150,43 @@ class LossScaled(tf1.train.Optimizer):
   resumes with or without float16, and initialized by the first worker
   that starts (local_init_op), so that a worker that joins or comes back
   later does not reset them; a new cluster, with new ps tasks, starts from
-  the initial scale.
+  the initial scale. Each step updates them under one mutex on that ps
+  (a CriticalSection with a shared_name: the same one in every worker's
+  graph, and in the synchronous chief's sync op), so that no worker's
+  update is lost to another's.
   """
 
   INITIAL = 2.0**15  # TensorFlow's DynamicLossScale's.
   INCREMENT_PERIOD = 2000
   COLLECTION = 'loss_scaling'
 
-  def __init__(self, opt, initial_scale):
+  def __init__(self, opt, initial_scale, increment_period=INCREMENT_PERIOD):
     """Wraps opt.
 
     Args:
       opt: A GradientDescentOptimizer.
       initial_scale: The scale to start from.
+      increment_period: Good steps in a row that double the scale.
     """
     if not isinstance(opt, tf1.train.GradientDescentOptimizer):
       raise TypeError('zeroed gradients leave only plain SGD unchanged, not '
                       '%s' % type(opt).__name__)
     super().__init__(use_locking=False, name='LossScaled')
     self._opt = opt
+    self._period = int(increment_period)
     self._initial = {}
     with tf1.variable_scope('loss_scaling'):
       self.scale = self._variable('scale', float(initial_scale))
       self.good_steps = self._variable('good_steps', tf.constant(0, tf.int64))
       self.skipped_steps = self._variable('skipped_steps',
                                           tf.constant(0, tf.int64))
-    self._used_scale = None
+    # One mutex on the scale's ps, the same in every worker's graph (by its
+    # shared_name, in that ps's resource manager): a step's update of the
+    # scale and its counts runs whole, read to write, under it.
+    with tf1.colocate_with(self.scale):
+      self.critical = tf.CriticalSection(name='loss_scaling_mutex',
+                                         shared_name='loss_scaling_mutex')
+    self.used_scale = None  # The read compute_gradients made.
     self.after = None
 
   def _variable(self, name, value):
@@ -193,14 +204,17 @@ class LossScaled(tf1.train.Optimizer):
                       for var, value in self._initial.items()])
 
   def reads_after(self, op):
-    """[skipped steps, scale], read after op (a step's train op); build()
+    """[skipped steps, scale], read after op (a step's train op), together
+    (under the mutex: no other worker's update between them); build()
     keeps them as .after, for training_session.SkippedSteps."""
-    with tf.control_dependencies([op]):
-      return [self.skipped_steps.read_value(), self.scale.read_value()]
+    with tf.control_dependencies([op]), tf1.colocate_with(self.scale):
+      return self.critical.execute(lambda: [self.skipped_steps.read_value(),
+                                            self.scale.read_value()],
+                                   name='loss_scale_read')
 
   def compute_gradients(self, loss, var_list=None, **kwargs):
     """The gradients of loss times the scale, divided by it again."""
-    self._used_scale = scale = self.scale.read_value()
+    self.used_scale = scale = self.scale.read_value()
     grads = self._opt.compute_gradients(loss * scale, var_list, **kwargs)
     unscaled = []
     for grad, var in grads:
@@ -235,22 +249,31 @@ class LossScaled(tf1.train.Optimizer):
       return self._update_scale(finite)
 
   def _update_scale(self, finite):
-    """DynamicLossScale's rule. On an overflow, half the scale the step
-    used, not the scale now: asynchronous workers that overflowed at the
-    same scale halve it once between them, not once each."""
-    good = tf.where(finite, self.good_steps + 1, 0)
-    grow = good >= self.INCREMENT_PERIOD
-    scale = self.scale.read_value()
-    doubled = scale * 2
-    return tf.group(
-        self.scale.assign(tf.where(
-            finite,
-            tf.where(grow & tf.math.is_finite(doubled), doubled, scale),
-            tf.minimum(scale, tf.maximum(self._used_scale / 2, 1.0)))),
-        self.good_steps.assign(tf.where(grow, tf.constant(0, tf.int64), good)),
-        self.skipped_steps.assign_add(
-            tf.cast(tf.logical_not(finite), tf.int64)),
-        name='update_loss_scale')
+    """DynamicLossScale's rule, under the ps's mutex. On an overflow, half
+    the scale the step used, not the scale now: asynchronous workers that
+    overflowed at the same scale halve it once between them, not once
+    each. Without the mutex a finite step that read the scale before
+    another worker halved it would write the unhalved scale back."""
+    def update():
+      good = tf.where(finite, self.good_steps.read_value() + 1, 0)
+      grow = good >= self._period
+      scale = self.scale.read_value()
+      doubled = scale * 2
+      new_scale = tf.where(
+          finite,
+          tf.where(grow & tf.math.is_finite(doubled), doubled, scale),
+          tf.minimum(scale, tf.maximum(self.used_scale / 2, 1.0)))
+      writes = [
+          self.scale.assign(new_scale, read_value=False),
+          self.good_steps.assign(
+              tf.where(grow, tf.constant(0, tf.int64), good),
+              read_value=False),
+          self.skipped_steps.assign_add(
+              tf.cast(tf.logical_not(finite), tf.int64), read_value=False)]
+      with tf.control_dependencies(writes):
+        return tf.identity(finite)  # execute() returns tensors, not ops.
+    return tf.group(self.critical.execute(update, name='loss_scale_update'),
+                    name='update_loss_scale')
 
 
 def scaffold(graph):
@@ -269,7 +292,8 @@ def scaffold(graph):
       local_init_op=local_init)
 
 
-def optimize(loss, lr, global_step, sync, colocate, loss_scale=None):
+def optimize(loss, lr, global_step, sync, colocate, loss_scale=None,
+             loss_scale_period=LossScaled.INCREMENT_PERIOD):
   """SGD on loss, then the weights' moving averages.
 
   Args:
@@ -278,6 +302,7 @@ def optimize(loss, lr, global_step, sync, colocate, loss_scale=None):
     colocate: colocate_gradients_with_ops, for wire_getter's casts.
     loss_scale: The initial scale of float16's dynamic loss scaling (see
       LossScaled); None for none.
+    loss_scale_period: Its good steps in a row that double the scale.
 
   Returns:
     (the optimizer, the op that runs one update, the LossScaled or None),
@@ -286,7 +311,7 @@ def optimize(loss, lr, global_step, sync, colocate, loss_scale=None):
   opt = tf1.train.GradientDescentOptimizer(lr)
   scaled = None
   if loss_scale:
-    opt = scaled = LossScaled(opt, loss_scale)
+    opt = scaled = LossScaled(opt, loss_scale, loss_scale_period)
   averages = ColocatedAverages(cifar10_model.moving_averages(global_step))
   if not sync:
     with tf.control_dependencies([opt.minimize(
@@ -304,7 +329,8 @@ def optimize(loss, lr, global_step, sync, colocate, loss_scale=None):
 
 
 def build(images, labels, num_ps, is_chief, learning_rate, sync=None,
-          transfer_dtype=None, loss_scale=None):
+          transfer_dtype=None, loss_scale=None,
+          loss_scale_period=LossScaled.INCREMENT_PERIOD):
   """Builds the model, loss and train op in the current device scope.
 
   Args:
@@ -319,6 +345,7 @@ def build(images, labels, num_ps, is_chief, learning_rate, sync=None,
       as, between the ps tasks and this worker (see wire_getter); None
       without a network (one process).
     loss_scale: The initial loss scale, for float16 compute; None for none.
+    loss_scale_period: Good steps in a row that double the loss scale.
 
   Returns:
     A TrainingGraph. Running step_after runs one training step.
@@ -337,7 +364,7 @@ def build(images, labels, num_ps, is_chief, learning_rate, sync=None,
   opt, minimize, scaled = optimize(
       loss, lr, global_step, sync,
       colocate=transfer_dtype not in (None, tf.float32),
-      loss_scale=loss_scale)
+      loss_scale=loss_scale, loss_scale_period=loss_scale_period)
   # BatchNorm moving statistics get one update per global step, as in a
   # single process: from each step of an asynchronous worker, and in
   # synchronous training from the chief only (the others' updates would
@@ -358,3 +385,39 @@ def build(images, labels, num_ps, is_chief, learning_rate, sync=None,
     tf1.summary.scalar('loss_scale', scaled.scale.read_value())
   return TrainingGraph(global_step, loss, accuracy, step_after,
                        opt if sync else None, scaled)
+
+
+def averages_of_weights():
+  """{moving average: its weight} for the averages build() made."""
+  # ExponentialMovingAverage.average_name() of a new object would make the
+  # name unique in this graph, where it is taken: the names are built here.
+  suffix = '/' + cifar10_model.moving_averages().name
+  by_name = {v.op.name: v for v in tf1.global_variables()}
+  return {by_name[w.op.name + suffix]: w for w in tf1.trainable_variables()
+          if w.op.name + suffix in by_name}
+
+
+class Rebuild:
+  """Resumes from a checkpoint that lacks the moving averages (written
+  before they were kept): the averages start from the restored weights.
+
+  Built before the graph is finalized, for the variables that checkpoint
+  lacks: a Saver of the others, and an op that sets each missing average
+  to its weight.
+  """
+
+  def __init__(self, missing):
+    """Args: missing: the variables the checkpoint lacks, all averages."""
+    shadows = averages_of_weights()
+    self.missing = set(missing)
+    self.saver = tf1.train.Saver(
+        [v for v in tf1.global_variables() if v not in self.missing],
+        sharded=True)
+    self.init_missing = tf.group(*[
+        s.assign(shadows[s], read_value=False) for s in missing])
+
+
+def can_rebuild(var):
+  """Whether a variable missing from a checkpoint can be rebuilt (see
+  Rebuild): the moving average of a weight."""
+  return var in averages_of_weights()

@@ -29,7 +29,9 @@ from tensorflow.python.client import timeline
 
 import checkpoints
 import cluster_runtime
+import ps_placement
 import tf_log_filter
+import training_graph
 
 tf1 = tf.compat.v1
 
@@ -163,6 +165,35 @@ class SkippedSteps(tf1.train.SessionRunHook):
                    'is now %g' % (skipped, scale))
 
 
+def chief_start(train_dir, data, new_data, max_steps, num_ps):
+  """What the chief says and checks before its session: the data it trains
+  on (checkpoints.check_data_record), what it resumes, a run already at
+  max_steps, and what each ps holds.
+
+  Args:
+    train_dir: --train_dir, made.
+    data: cifar10_files.identity() of --data_dir.
+    new_data: --new_data.
+    max_steps: --max_steps.
+    num_ps: The ps tasks.
+
+  Returns:
+    The checkpoints.Resume to resume from, or None.
+  """
+  resume = checkpoints.resume_point(train_dir, tf1.global_variables(),
+                                    say_as_chief, training_graph.can_rebuild)
+  checkpoints.check_data_record(train_dir, data, resume, new_data,
+                                say_as_chief)
+  if resume and resume.step >= max_steps:
+    say_as_chief('%s is at global step %d, at or past --max_steps=%d: '
+                 'nothing to train, it stops at once (raise --max_steps to '
+                 'train on, or --fresh_start to start over)' % (
+                     resume.path, resume.step, max_steps))
+  for line in ps_placement.describe_loads(tf1.global_variables(), num_ps):
+    say_as_chief(line)
+  return resume
+
+
 def say_as_chief(line):
   """Prints one of the chief's notes about its checkpoints."""
   print('Worker 0: %s' % line, file=sys.stderr, flush=True)
@@ -170,19 +201,23 @@ def say_as_chief(line):
 
 class SessionCreator(tf1.train.SessionCreator):
   """ChiefSessionCreator / WorkerSessionCreator with a short recovery wait,
-  the newest readable checkpoint, and a word on what it waits for.
+  the newest readable checkpoint, the model the ps tasks still hold, and a
+  word on what it waits for.
 
   The stock creators build a SessionManager that polls every 30 s: a worker
   started before the chief has initialized the model sleeps 30 s before it
   looks again, and a synchronous chief's first step waits for it. They
   restore the latest checkpoint even when its files are damaged, and wait
-  for a ps that was never started without a word.
+  for a ps that was never started without a word. And a chief that comes
+  back restores its last checkpoint over the model the ps tasks hold, newer
+  by every step trained since (a lost chief's asynchronous workers went on
+  for minutes): here it keeps that model.
   """
 
-  def __init__(self, scaffold, master, config, task, train_dir,
-               resume_from):
-    """Args: task: this cluster_config.Task; resume_from: the chief's first
-    checkpoint to restore (checkpoints.resume_point), or None."""
+  def __init__(self, scaffold, master, config, task, train_dir, resume):
+    """Made before the graph is finalized. Args: task: this
+    cluster_config.Task; resume: the chief's checkpoints.Resume, or
+    None."""
     self._scaffold = scaffold
     self._master = master
     self._config = config
@@ -190,7 +225,10 @@ class SessionCreator(tf1.train.SessionCreator):
     self._name = 'Worker %d' % task.task_index
     self._is_chief = task.task_index == 0
     self._train_dir = train_dir
-    self._resume_from = resume_from
+    self._resume = resume
+    # What an earlier release's checkpoint lacks, made while it can be.
+    self._rebuild = (training_graph.Rebuild(resume.missing)
+                     if resume and resume.missing else None)
     self._sessions = 0
 
   def create_session(self):
@@ -198,14 +236,14 @@ class SessionCreator(tf1.train.SessionCreator):
     # ReportLostTask): a restarted ps has lost its variables.
     if self._sessions:
       print('%s: the cluster is back; %s' % (
-          self._name, 'restoring the latest checkpoint' if self._is_chief else
+          self._name, 'restoring the latest checkpoint unless the ps tasks '
+          'still hold the model' if self._is_chief else
           'waiting for the chief to restore the model'),
             file=sys.stderr, flush=True)
       if self._is_chief:
-        self._resume_from = checkpoints.resume_point(
-            self._train_dir, tf1.global_variables(), say_as_chief)
-    elif self._resume_from:
-      print('Worker 0: resuming from %s' % self._resume_from, flush=True)
+        self._resume = checkpoints.resume_point(
+            self._train_dir, tf1.global_variables(), say_as_chief,
+            training_graph.can_rebuild)
     self._sessions += 1
     self._scaffold.finalize()
     manager = tf1.train.SessionManager(
@@ -217,14 +255,59 @@ class SessionCreator(tf1.train.SessionCreator):
     with cluster_runtime.WaitReporter(self._waiting_for):
       if not self._is_chief:
         return manager.wait_for_session(self._master, config=self._config)
-      session = manager.prepare_session(
-          self._master, saver=self._scaffold.saver, config=self._config,
-          checkpoint_filename_with_path=self._resume_from,
-          init_op=self._scaffold.init_op)
+      return manager.prepare_session(self._master, config=self._config,
+                                     init_fn=self._init_model)
+
+  def _init_model(self, session):
+    """The chief's init: keeps the model the ps tasks hold if it is at or
+    past the checkpoint, else restores the checkpoint, else initializes."""
+    resume = self._resume
+    if resume is None:
+      session.run(self._scaffold.init_op)
+      return
+    if not self._model_on_ps(session, resume):
+      self._restore(session, resume)
+    # Each start learns the checkpoints already there (a Saver knows only
+    # those it wrote), so that max_to_keep holds across restarts.
+    self._scaffold.saver.recover_last_checkpoints(resume.older +
+                                                  [resume.path])
+
+  def _model_on_ps(self, session, resume):
+    """Whether the ps tasks hold every variable, at or past the checkpoint's
+    global step: the chief alone was lost, and the steps since its last
+    checkpoint are there. Says so when they do."""
+    if len(session.run(self._scaffold.ready_for_local_init_op)):
+      return False  # A new or restarted ps: nothing, or only part.
+    on_ps = session.run(tf1.train.get_global_step())
+    if on_ps < resume.step:
+      return False  # Not this run's (a ps left over from an older one).
+    say_as_chief('the ps tasks hold the model at global step %d, at or past '
+                 'the last checkpoint (%s): going on from there, not from '
+                 'the checkpoint' % (on_ps, os.path.basename(resume.path)))
+    return True
+
+  def _restore(self, session, resume):
+    """Restores resume's checkpoint; the averages it lacks from its
+    weights."""
+    if not resume.missing:
+      self._scaffold.saver.restore(session, resume.path)
+    elif self._rebuild and set(resume.missing) == self._rebuild.missing:
+      session.run(self._scaffold.init_op)
+      self._rebuild.saver.restore(session, resume.path)
+      session.run(self._rebuild.init_missing)
+      say_as_chief('%s has no moving averages of the weights (an earlier '
+                   'release wrote it): resuming from it, the %d averages '
+                   'starting from its weights' % (resume.path, len({
+                       checkpoints.saved_name_and_shape(v)[0]
+                       for v in resume.missing})))
+    else:  # Checked at start: only a checkpoint written since could be.
+      raise checkpoints.TrainDirError(
+          '%s lacks variables this run did not prepare to rebuild: restart '
+          'the chief to resume from it' % resume.path)
     if self._sessions > 1:  # Where the cluster starts again from.
-      print('Worker 0: restored the model at global step %d' % session.run(
-          tf1.train.get_global_step()), file=sys.stderr, flush=True)
-    return session
+      say_as_chief('restored the model at global step %d' % resume.step)
+    else:
+      print('Worker 0: resuming from %s' % resume.path, flush=True)
 
   def _waiting_for(self):
     """The line to print while the session is not there yet, or None."""
@@ -233,7 +316,7 @@ class SessionCreator(tf1.train.SessionCreator):
     missing = cluster_runtime.unreachable(self._task.ps_hosts)
     if missing:
       return '%s: waiting for %s; start %s, or check --ps_hosts' % (
-          self._name, ', '.join('ps %d at %s (%s)' % m for m in missing),
+          self._name, cluster_runtime.name_ps(missing),
           'it' if len(missing) == 1 else 'them')
     if not self._is_chief:
       return ('%s: waiting for the chief, worker 0 at %s, to initialize or '
@@ -242,30 +325,55 @@ class SessionCreator(tf1.train.SessionCreator):
 
 
 class CheckpointSaver(tf1.train.CheckpointSaverHook):
-  """TensorFlow's CheckpointSaverHook, saying in one line why a save failed.
+  """TensorFlow's CheckpointSaverHook, saying in one line why a save failed,
+  and keeping max_to_keep checkpoints across restarts.
 
   A save that fails (disk full, read-only, quota; in a cluster the ps tasks
   write the shards, and their error comes back the same way) raises
   checkpoints.WriteError, after its temporary files are removed, instead
-  of a TensorFlow error inside two chained tracebacks.
+  of a TensorFlow error inside two chained tracebacks. A save that fails
+  because a ps was lost is a lost task, from which MonitoredSession
+  recovers; at the end, when there is no recovery, it raises
+  checkpoints.LostPsError naming the ps.
   """
 
-  def __init__(self, train_dir, save_steps, scaffold):
+  def __init__(self, train_dir, save_steps, scaffold, ps_hosts):
     super().__init__(train_dir, save_steps=save_steps, scaffold=scaffold)
     self._train_dir = train_dir
+    self._ps_hosts = ps_hosts
+    self._ending = False
 
   def after_create_session(self, session, coord):
     try:
       super().after_create_session(session, coord)  # Saves graph.pbtxt too.
+    except cluster_runtime.LOST_TASK_ERRORS:
+      raise  # MonitoredSession creates the session again once it is back.
     except tf.errors.OpError as e:
       raise checkpoints.write_failure(
           self._train_dir, session.run(self._global_step_tensor), e) from e
 
+  def end(self, session):
+    self._ending = True
+    try:
+      super().end(session)  # Reads the global step, then saves.
+    except cluster_runtime.LOST_TASK_ERRORS as e:  # Before the save.
+      raise checkpoints.write_failure(
+          self._train_dir, None, e, cluster_runtime.lost_ps(self._ps_hosts) or
+          checkpoints.first_line(e)) from e
+
   def _save(self, session, step):
     try:
-      return super()._save(session, step)
+      stop = super()._save(session, step)
+    except cluster_runtime.LOST_TASK_ERRORS as e:
+      if not self._ending:
+        raise  # A lost ps: MonitoredSession waits for it and recovers.
+      raise checkpoints.write_failure(
+          self._train_dir, step, e, cluster_runtime.lost_ps(self._ps_hosts) or
+          checkpoints.first_line(e)) from e
     except tf.errors.OpError as e:
       raise checkpoints.write_failure(self._train_dir, step, e) from e
+    checkpoints.keep_newest(self._get_saver(), self._train_dir)
+    return stop
 
 
 class JoinedWorkers(tf1.train.SessionRunHook):
@@ -320,6 +428,76 @@ class JoinedWorkers(tf1.train.SessionRunHook):
     if reported:
       print('Worker 0: all %d workers have joined' % len(self._worker_hosts),
             flush=True)
+
+
+class ChiefWatch(tf1.train.SessionRunHook):
+  """A worker's watch on the chief: says when it is lost and when it is
+  back, and pauses this worker meanwhile.
+
+  Only the chief writes checkpoints and, in synchronous training, runs the
+  updates; a lost chief stopped a synchronous cluster without a word, and
+  let asynchronous workers train on unsaved (measured: 1,280 steps in
+  40 s, then restored over by the returning chief). Now the chief that
+  comes back keeps the model the ps tasks hold (SessionCreator), and the
+  workers wait for it, in both modes alike: the steps at risk are the few
+  made before the loss is seen, not an unbounded number that no one saves.
+  The chief's server takes connections as long as it runs, so a refused
+  or timed-out connection for GONE_SECS is a lost chief; with the global
+  step at max_steps it is a chief that finished.
+  """
+
+  POLL_SECS = 2
+  GONE_SECS = 6
+
+  def __init__(self, task_index, chief_host, global_step, max_steps):
+    self._name = 'Worker %d' % task_index
+    self._chief_host = chief_host
+    self._global_step = global_step
+    self._max_steps = max_steps
+    self._session = None
+    self._present = threading.Event()
+    self._present.set()
+
+  def after_create_session(self, session, coord):
+    if self._session is None:
+      threading.Thread(target=self._watch, daemon=True,
+                       name='chief_watch').start()
+    self._session = session  # A new one after a lost ps.
+
+  def before_run(self, run_context):
+    self._present.wait()
+
+  def _finished(self):
+    """Whether training is over (the chief ends before the others)."""
+    try:
+      return self._session.run(self._global_step, options=tf1.RunOptions(
+          timeout_in_ms=10000)) >= self._max_steps
+    except (tf.errors.OpError, RuntimeError):
+      return False  # A ps lost too: that is said on its own.
+
+  def _watch(self):
+    lost_since = None
+    while True:
+      time.sleep(self.POLL_SECS)
+      lost = cluster_runtime.unreachable([self._chief_host])
+      if not lost:
+        lost_since = None
+        if not self._present.is_set():
+          print('%s: the chief, worker 0 at %s, is back; going on' % (
+              self._name, self._chief_host), flush=True)
+          self._present.set()
+        continue
+      lost_since = lost_since or time.time()
+      if (self._present.is_set() and
+          time.time() - lost_since >= self.GONE_SECS):
+        if self._finished():
+          return
+        self._present.clear()
+        print('%s: lost the chief, worker 0 at %s (%s); no checkpoint is '
+              'written until it is back, and the steps since its last one '
+              'are only on the ps tasks, which keep them: start it again '
+              'and it goes on from there. This worker waits for it' % (
+                  self._name, self._chief_host, lost[0][2]), flush=True)
 
 
 class TimeLeft:
@@ -442,7 +620,7 @@ class StopOnSignal(tf1.train.SessionRunHook):
   STEP_WAIT_SECS = 30
 
   def __init__(self, name, scaffold=None, train_dir=None, global_step=None,
-               wait_for_step=False):
+               wait_for_step=False, ps_hosts=()):
     """Starts watching for the signals.
 
     Args:
@@ -453,10 +631,13 @@ class StopOnSignal(tf1.train.SessionRunHook):
       global_step: The global step tensor, which names the checkpoint.
       wait_for_step: Whether to let the step in flight finish first; only
         where nothing else changes the variables (a single process).
+      ps_hosts: The ps tasks that write the checkpoint's shards, named when
+        one is lost.
     """
     self._name = name
     self._scaffold, self._train_dir = scaffold, train_dir
     self._global_step = global_step
+    self._ps_hosts = ps_hosts
     self._wait_for_step = wait_for_step
     # Guards the two below: whether a step is running, whether to stop.
     self._step_state = threading.Condition()
@@ -503,10 +684,18 @@ class StopOnSignal(tf1.train.SessionRunHook):
         path = self._scaffold.saver.save(
             self._session, os.path.join(self._train_dir, 'model.ckpt'),
             global_step=self._global_step)
+        checkpoints.keep_newest(self._scaffold.saver, self._train_dir)
         message += ': wrote %s' % path
       except Exception as e:  # pylint: disable=broad-except
-        message += ': could not write a checkpoint (%s)' % (
-            str(e).splitlines()[0])
+        # A lost ps closes the session (MonitoredSession waits for it):
+        # that ps is the cause, not "Attempted to use a closed Session".
+        last, _ = checkpoints.newest_readable(self._train_dir)
+        lost = cluster_runtime.lost_ps(self._ps_hosts)
+        message += ': could not write a checkpoint%s; %s' % (
+            ': %s cannot be reached' % lost if lost else
+            ' (%s)' % checkpoints.first_line(e),
+            'the last one, %s, is kept' % last if last else
+            'there is none yet')
     print(message + '; exiting', file=sys.stderr, flush=True)
     self._exit(signum)
 
@@ -515,6 +704,22 @@ class StopOnSignal(tf1.train.SessionRunHook):
 
   @staticmethod
   def _exit(signum):
-    sys.stdout.flush()
-    tf_log_filter.drain()  # os._exit skips atexit: get the last lines out.
-    os._exit(128 + signum)  # The main thread may be blocked in a step.
+    exit_now(128 + signum)  # The main thread may be blocked in a step.
+
+
+def exit_now(status):
+  """Exits at once, whatever other threads wait for, with status."""
+  sys.stdout.flush()
+  tf_log_filter.drain()  # os._exit skips atexit: get the last lines out.
+  os._exit(status)
+
+
+def finished(task_index, step, max_steps):
+  """Says where this worker's training ended; returns the exit status: 0
+  at max_steps, 1 before it or when the step is not known."""
+  if step is None:
+    return 1
+  print('Worker %d: training finished at global step %d' % (task_index,
+                                                            step),
+        flush=True)
+  return 0 if step >= max_steps else 1

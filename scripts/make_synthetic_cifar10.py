@@ -13,9 +13,12 @@ a left-right flip, so the training augmentation keeps the labels true. The
 network must find a shape of any colour anywhere in a noisy image: learnable,
 but not by looking at one pixel or at the mean colour.
 
-Deterministic for a given --seed and sizes.
+Deterministic for a given --seed and sizes. It writes SYNTHETIC.txt beside
+the files, so that nothing takes them for CIFAR-10: the trainer records it
+in --train_dir, and the evaluator and the local-cluster script say it. Its
+default folder is not the one the real CIFAR-10 goes to.
 
-  python scripts/make_synthetic_cifar10.py --data_dir=./cifar-10-batches-bin
+  python scripts/make_synthetic_cifar10.py --data_dir=./synthetic-cifar-10-batches-bin
 """
 
 import argparse
@@ -23,6 +26,11 @@ import os
 import sys
 
 import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import cifar10_files  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 NUM_CLASSES = 10
 SIZE = 32
@@ -99,7 +107,7 @@ def write_batch_file(path, labels, images):
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-  parser.add_argument('--data_dir', default='./cifar-10-batches-bin',
+  parser.add_argument('--data_dir', default='./synthetic-cifar-10-batches-bin',
                       help='where to write the files (default: %(default)s)')
   parser.add_argument('--train_records', type=int, default=2000,
                       help='records per data_batch_N.bin (default: '
@@ -127,6 +135,11 @@ def main(argv=None):
                      *make_records(count, rng))
   with open(os.path.join(args.data_dir, 'batches.meta.txt'), 'w') as f:
     f.write('\n'.join(CLASS_NAMES) + '\n\n')
+  with open(os.path.join(args.data_dir, cifar10_files.SYNTHETIC_MARKER),
+            'w') as f:
+    f.write('Synthetic data in the CIFAR-10 binary layout, written by '
+            'scripts/make_synthetic_cifar10.py --seed=%d: coloured shapes, not '
+            'CIFAR-10.\n' % args.seed)
   print('Wrote %d training and %d test records of synthetic CIFAR-10 to %s' %
         (args.train_records * args.num_train_files, args.test_records,
          args.data_dir))

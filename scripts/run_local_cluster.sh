@@ -13,8 +13,8 @@ num_ps=1
 num_workers=2
 max_steps=400
 batch_size=128
-data_dir=./cifar-10-batches-bin
-train_dir=./models_cifar10
+data_dir=  # By default ./cifar-10-batches-bin; with --synthetic, its own.
+train_dir=  # ./models_cifar10, or ./models_cifar10_synthetic.
 log_dir=./logs
 replicas_to_aggregate=
 num_gpus=0
@@ -34,11 +34,18 @@ train_distributed.py on free localhost ports and waits for them.
   --num_workers=N            worker tasks; worker 0 is the chief (default: $num_workers)
   --max_steps=N              global steps to train (default: $max_steps)
   --batch_size=N             images per batch per worker (default: $batch_size)
-  --data_dir=DIR             CIFAR-10 binary files (default: $data_dir); when it
-                             has none, the real CIFAR-10 is downloaded first
-  --synthetic                instead, make a synthetic dataset there if it has none
-  --train_dir=DIR            checkpoints and summaries (default: $train_dir);
-                             an existing checkpoint is resumed
+  --data_dir=DIR             CIFAR-10 binary files (default:
+                             ./cifar-10-batches-bin); when it has none, the
+                             real CIFAR-10 is downloaded first
+  --synthetic                train on a synthetic dataset instead, made if
+                             missing, in a folder of its own (default data_dir
+                             ./synthetic-cifar-10-batches-bin, train_dir
+                             ./models_cifar10_synthetic): it never takes the
+                             real data's place
+  --train_dir=DIR            checkpoints and summaries (default:
+                             ./models_cifar10); an existing checkpoint is
+                             resumed: the script says from which step, and a
+                             run already at --max_steps stops at once
   --log_dir=DIR              one log file per task (default: $log_dir)
   --async                    asynchronous training (default: synchronous)
   --replicas_to_aggregate=N  gradients per update in synchronous training
@@ -126,6 +133,11 @@ done
 ((num_workers >= 1)) || die "--num_workers must be at least 1"
 ((max_steps >= 1)) || die "--max_steps must be at least 1"
 ((batch_size >= 1)) || die "--batch_size must be at least 1"
+if ((synthetic)); then
+  : "${data_dir:=./synthetic-cifar-10-batches-bin}" "${train_dir:=./models_cifar10_synthetic}"
+else
+  : "${data_dir:=./cifar-10-batches-bin}" "${train_dir:=./models_cifar10}"
+fi
 
 # Data first: nothing is started until it is there.
 if ! compgen -G "$data_dir/data_batch_*.bin" > /dev/null ||
@@ -134,7 +146,9 @@ if ! compgen -G "$data_dir/data_batch_*.bin" > /dev/null ||
     "$python" "$root/scripts/make_synthetic_cifar10.py" --data_dir="$data_dir" ||
       die "could not make the synthetic dataset in $data_dir"
   else
-    "$python" "$root/scripts/download_cifar10.py" --data_dir="$data_dir" ||
+    # CIFAR10_URL and CIFAR10_MD5 point it at a mirror.
+    "$python" "$root/scripts/download_cifar10.py" --data_dir="$data_dir" \
+      ${CIFAR10_URL:+--url="$CIFAR10_URL"} ${CIFAR10_MD5:+--md5="$CIFAR10_MD5"} ||
       die "no CIFAR-10 in $data_dir (use --synthetic to train on generated data)"
   fi
 fi
@@ -143,9 +157,29 @@ if ((fresh_start)); then
   echo "--fresh_start: deleting $train_dir"
   rm -rf "$train_dir" || die "cannot delete $train_dir"
 fi
-
 mkdir -p "$log_dir" || die "cannot create --log_dir=$log_dir"
 log_dir=$(cd "$log_dir" && pwd)
+# What it trains on (the chief checks it against what --train_dir was
+# trained on), and from where.
+"$python" - "$root" "$data_dir" <<'EOF' || exit 2
+import sys
+sys.path.insert(0, sys.argv[1])
+import cifar10_files
+try:
+  print('Data: ' + cifar10_files.describe(cifar10_files.identity(sys.argv[2])))
+except cifar10_files.DataError as e:
+  sys.exit('Error: %s' % e)
+EOF
+last=$(sed -n 's/^model_checkpoint_path: ".*-\([0-9]*\)"$/\1/p' "$train_dir/checkpoint" 2> /dev/null)
+if [ -z "$last" ]; then
+  echo "Starting fresh in $train_dir"
+elif (($last >= max_steps)); then
+  echo "$train_dir is at step $last, at or past --max_steps=$max_steps:" \
+       "the tasks start, find nothing to train and stop (raise --max_steps to" \
+       "train on, or add -- --fresh_start to start over)"
+else
+  echo "Resuming $train_dir from step $last to --max_steps=$max_steps"
+fi
 
 # Free ports, all at once so that no two tasks get the same one, from below
 # the range the kernel picks connections' source ports from.
@@ -230,7 +264,7 @@ fi
 
 # The chief's progress and the evaluator's results, until this script ends.
 tail -n +1 -F "$log_dir/worker0.log" "$log_dir/evaluator.log" 2> /dev/null \
-  > >(grep --line-buffered -E 'Train accuracy|Test accuracy|^Error') &
+  > >(grep --line-buffered -E 'Train accuracy|Test accuracy|^Error|^Worker 0: (resuming|the ps tasks hold|.* has no moving averages|--new_data)') &
 tail_pid=$!
 
 fail() {  # fail NAME MESSAGE

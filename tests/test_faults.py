@@ -149,21 +149,6 @@ def kill_at_checkpoint_20(procs, tiny_data, tmp_path, victim, num_ps=1):
   return train_dir, flags, checkpoint_step(train_dir)
 
 
-def test_killed_chief_resumes_from_its_checkpoint(procs, tiny_data,
-                                                  tmp_path):
-  train_dir, flags, saved = kill_at_checkpoint_20(procs, tiny_data,
-                                                 tmp_path, 'worker0')
-  assert saved >= 20
-  procs.trainer('worker0_again', '--job_name=worker', '--task_index=0',
-                *flags)
-  codes = procs.wait_all(timeout=150)
-  assert codes == {'ps0': 0, 'worker1': 0, 'worker0': -9,
-                   'worker0_again': 0}, procs.tails()
-  log = procs.log('worker0_again')
-  assert 'resuming from %s/model.ckpt-%d' % (train_dir, saved) in log
-  assert checkpoint_step(train_dir) == 60
-
-
 @pytest.mark.parametrize('num_ps, victim', [(1, 0), (2, 1)],
                          ids=['1ps_kill_ps0', '2ps_kill_ps1'])
 def test_killed_ps_is_survived_from_the_latest_checkpoint(procs, tiny_data,

@@ -145,19 +145,36 @@ def test_script_reads_fresh_start_as_absl_does(tmp_path, tiny_data, spelling,
 
 def test_a_failing_worker_fails_the_script_and_leaves_no_process(
     tmp_path, tiny_data, script_procs):
-  # The workers read a training file with a bad label; the ps and the
-  # evaluator (which reads only the test file) would wait forever.
-  data_dir = tmp_path / 'data'
-  shutil.copytree(tiny_data, data_dir)
-  with open(data_dir / 'data_batch_2.bin', 'r+b') as f:
-    f.write(b'\x0c')
-  proc = run_script(tmp_path, str(data_dir), '--max_steps=20', *FAST)
+  # A flag only the workers check, and refuse; the ps and the evaluator
+  # would wait forever.
+  proc = run_script(tmp_path, tiny_data, '--max_steps=20', *FAST,
+                    '--mixed_precision_dtype=float16')
   script_procs.append(proc)
   assert proc.wait(timeout=120) == 1
   out = (tmp_path / 'script.out').read_text()
   assert re.search(r'worker[01] exited with status 2; the end of', out), out
-  assert 'record 0 has label 12' in out
+  assert '--mixed_precision_dtype=float16 needs --mixed_precision' in out
   assert not processes_mentioning(str(tmp_path))
+
+
+def test_bad_data_is_one_line_before_any_task(tmp_path, tiny_data,
+                                              script_procs):
+  data_dir = tmp_path / 'data'
+  shutil.copytree(tiny_data, data_dir)
+  with open(data_dir / 'data_batch_2.bin', 'r+b') as f:
+    f.write(b'\x0c')
+  proc = subprocess.Popen(
+      ['bash', SCRIPT, '--data_dir=' + str(data_dir), '--log_dir=logs'],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      cwd=str(tmp_path), start_new_session=True)
+  script_procs.append(proc)  # Its group is killed, whatever happens.
+  proc.stdout, proc.stderr = proc.communicate(timeout=60)
+  assert proc.returncode == 2, proc.stdout + proc.stderr
+  assert proc.stderr.splitlines() == [
+      'Error: %s/data_batch_2.bin: record 0 has label 12, but labels must be '
+      '0..9: the file is corrupt or not CIFAR-10 data' % data_dir]
+  assert 'Cluster:' not in proc.stdout  # No task was started.
+  assert not os.listdir(tmp_path / 'logs')
 
 
 # With TensorBoard once (it is the script's to stop too); test_tensorboard.py

@@ -3,7 +3,11 @@
 What each promises, checked where it shows: the bfloat16 rewrite's casts in
 a traced step; the bytes a traced step pulled from and pushed to the ps
 tasks (its RecvTensor records); float32 variables in the checkpoint; and a
-run that resumes, and evaluates, with the flags changed.
+run that resumes, and evaluates, with the flags changed. And float16's loss
+scaling (--initial_loss_scale, --loss_scale_period): overflows skipped in a
+synchronous cluster, a late worker that resets nothing, the rule on the
+used scale and the mutex of the updates on a real cluster of gRPC servers,
+and the doubling, in this process.
 """
 
 import json
@@ -12,13 +16,17 @@ import re
 import threading
 import time
 
+import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.protobuf import rewriter_config_pb2
 
 tf1 = tf.compat.v1
 
+from conftest import free_ports
 from test_cluster import assert_clean_logs, checkpoint_step, checkpoint_steps
-from test_cluster import cluster_flags, single_process_flags, start_cluster
+from test_cluster import PROGRESS, cluster_flags, single_process_flags
+from test_cluster import start_cluster
 
 # What a worker reads of the model per step, in float32: its 179,962
 # trainable parameters, once (see training_graph.wire_getter).
@@ -42,6 +50,26 @@ def rewritten(train_dir, worker, dtype='bfloat16'):
   return any(cast in name and 'AutoMixedPrecision' in name
              for name in (e.get('args', {}).get('name', '') for e in events
                           if e.get('ph') == 'X'))
+
+
+def bf16_in_hardware():
+  """Whether this CPU has bfloat16 instructions (read here, from
+  /proc/cpuinfo, not by the code under test)."""
+  with open('/proc/cpuinfo') as f:
+    flags = f.read()
+  return 'avx512_bf16' in flags or 'amx_bf16' in flags
+
+
+def assert_bf16_rewrite(train_dir, worker, log):
+  """The bfloat16 rewrite ran in the worker's traced step, or it could not
+  on this CPU (oneDNN rewrites nothing without AVX-512: an AMD Zen 3) and
+  the worker said so."""
+  if rewritten(train_dir, worker, 'bfloat16'):
+    return
+  assert not bf16_in_hardware(), 'no bfloat16 casts on a CPU that has them'
+  assert ('Worker %d: warning: --mixed_precision on a CPU with no '
+          'AVX512_BF16 or AMX-BF16: bfloat16 may run slower than float32 '
+          'here; drop the flag' % worker) in log, log
 
 
 def summaries(train_dir, tag):
@@ -88,18 +116,32 @@ def test_both_flags_in_a_synchronous_cluster_then_resumed_async(
     assert scales and all(s in (2.0**e for e in range(16)) for s in scales)
   else:
     assert not summaries(train_dir, 'loss_scale')
-  traced = [w for w in (0, 1) if 'wrote the trace of its step 3' in
-            procs.log('worker%d' % w)]
-  assert traced, procs.tails()
-  for w in traced:
-    assert rewritten(train_dir, w, dtype)
-    (pulled, pushed), = traced_bytes(procs.log('worker%d' % w))
-    # Half the float32 bytes each way (and a few small float32 tensors:
-    # the global step, the BatchNorm statistics the chief reads). The push
-    # is counted where the ps tasks received it: only the part of each ps
-    # that sent its stats back in time.
+  # Both workers' step 3: each of the 20 global steps takes 2 gradients,
+  # and the chief's sync op hands out 2 tokens a step to the workers that
+  # wait for one; measured in 6 runs, the chief computed 15-19 of them and
+  # worker 1 23-27, far more than 3.
+  for w in (0, 1):
+    log = procs.log('worker%d' % w)
+    assert 'wrote the trace of its step 3' in log, procs.tails()
+    (pulled, pushed), = traced_bytes(log)
+    # Half the float32 bytes each way, and a few small tensors: the global
+    # step, the BatchNorm statistics the chief reads, the local steps the
+    # accumulators get.
     assert MODEL_BYTES / 2 <= pulled < 0.52 * MODEL_BYTES, pulled
-    assert pushed < 0.52 * MODEL_BYTES, pushed
+    # The push is counted where each ps received it, from the records that
+    # ps sent back with the step, and some come too late. Measured in 60
+    # traced steps (steps 1-5 of both workers, 3 runs of each dtype): 50
+    # whole (360,036-363,244 bytes: the gradients' 359,924 and the small
+    # ones), 10 short, the shortest 187,752: about one ps's part (the 2 ps
+    # hold 49% and 51% of the model), the other's records missing. A fifth
+    # of the float32 model is less than either part of the bfloat16 push
+    # (about a quarter each): it holds when one ps's records came back
+    # whole, and fails on a push of nothing, or of float32.
+    assert MODEL_BYTES / 5 <= pushed < 0.52 * MODEL_BYTES, pushed
+    if dtype == 'bfloat16':
+      assert_bf16_rewrite(train_dir, w, log)
+    else:
+      assert rewritten(train_dir, w, dtype)
   assert_float32_checkpoint(train_dir)
   assert_clean_logs(procs)
   # Resumed asynchronously on 1 ps, bfloat16 on the wire; float32 compute,
@@ -133,7 +175,10 @@ def test_mixed_precision_in_one_process_then_without(procs, tiny_data,
                 '--mixed_precision_dtype=' + dtype, '--trace_steps=3', *flags)
   assert procs.wait_all(timeout=120) == {'mixed': 0}, procs.tails()
   assert MIXED.search(procs.log('mixed'))
-  assert rewritten(train_dir, 0, 'bfloat16' if dtype == 'auto' else dtype)
+  if dtype == 'auto':  # bfloat16 on a CPU.
+    assert_bf16_rewrite(train_dir, 0, procs.log('mixed'))
+  else:
+    assert rewritten(train_dir, 0, dtype)
   assert traced_bytes(procs.log('mixed')) == [(0, 0)]  # No network.
   assert_float32_checkpoint(train_dir)
   procs.trainer('plain', '--max_steps=25', '--trace_steps=3', *flags)
@@ -146,37 +191,171 @@ def test_mixed_precision_in_one_process_then_without(procs, tiny_data,
   assert_clean_logs(procs)
 
 
-@pytest.mark.parametrize('flags, error', [
-    (['--mixed_precision', '--mixed_precision_dtype=bfloat16', '--num_gpus=1'],
-     'Error: --mixed_precision_dtype=bfloat16 is for CPU workers: on a GPU '
-     'TensorFlow\'s graph rewrite computes float16; drop '
-     '--mixed_precision_dtype or --num_gpus'),
-    (['--mixed_precision_dtype=float16'],
-     'Error: --mixed_precision_dtype=float16 needs --mixed_precision: add it, '
-     'or drop --mixed_precision_dtype'),
-], ids=['bfloat16_on_a_gpu', 'dtype_alone'])
-def test_a_precision_that_cannot_run_is_one_line(procs, tmp_path, flags,
-                                                 error):
-  train_dir = tmp_path / 'train'
-  procs.trainer('worker', '--job_name=worker', '--task_index=0',
-                '--train_dir=' + str(train_dir), *flags)
-  assert procs.wait_all(timeout=120) == {'worker': 2}
-  errors = [l for l in procs.log('worker').splitlines()
-            if l.startswith('Error')]
-  assert errors == [error]
-  assert not train_dir.exists()  # Refused before it touched anything.
+CANNOT_RUN = {
+    'bfloat16_on_a_gpu': (
+        ['--mixed_precision', '--mixed_precision_dtype=bfloat16',
+         '--num_gpus=1'],
+        'Error: --mixed_precision_dtype=bfloat16 is for CPU workers: on a GPU '
+        'TensorFlow\'s graph rewrite computes float16; drop '
+        '--mixed_precision_dtype or --num_gpus'),
+    'dtype_alone': (
+        ['--mixed_precision_dtype=float16'],
+        'Error: --mixed_precision_dtype=float16 needs --mixed_precision: add '
+        'it, or drop --mixed_precision_dtype'),
+    'no_loss_scale': (
+        ['--initial_loss_scale=0'],
+        'Error: --initial_loss_scale must be more than 0 (got 0.0)'),
+    'no_period': (
+        ['--loss_scale_period=0'],
+        'Error: --loss_scale_period must be at least 1 (got 0)'),
+}
 
 
-def run_scaled_steps(sync, steps, initial_scale):
+def test_a_precision_that_cannot_run_is_one_line(procs, tmp_path):
+  # All at once: each spends its few seconds importing TensorFlow.
+  for case, (flags, _) in CANNOT_RUN.items():
+    procs.trainer(case, '--job_name=worker', '--task_index=0',
+                  '--train_dir=' + str(tmp_path / case), *flags)
+  assert procs.wait_all(timeout=120) == dict.fromkeys(CANNOT_RUN, 2)
+  for case, (_, error) in CANNOT_RUN.items():
+    errors = [l for l in procs.log(case).splitlines()
+              if l.startswith('Error')]
+    assert errors == [error], case
+    assert not (tmp_path / case).exists()  # Refused before it touched it.
+
+
+SKIPPED = re.compile(r'^Worker 0: (\d+) steps so far had float16 gradients '
+                     r'that overflowed; they left the weights as they were, '
+                     r'and the loss scale is now (\S+)$', re.M)
+
+
+def skipped_lines(log):
+  """[(skipped steps, scale)] of the chief's skipped-steps lines (the scale
+  as printed, to 6 digits)."""
+  return [(int(n), float(scale)) for n, scale in SKIPPED.findall(log)]
+
+
+def summaries_in_step_order(train_dir, tag):
+  """[(global step, value)] of the chief's summary tag, by step."""
+  found = []
+  for name in os.listdir(train_dir):
+    if name.startswith('events.out.tfevents'):
+      for event in tf1.train.summary_iterator(os.path.join(train_dir, name)):
+        found += [(event.step, v.simple_value) for v in event.summary.value
+                  if v.tag == tag]
+  return sorted(found)
+
+
+def trainable(checkpoint):
+  """{name: value} of a checkpoint's weights, BatchNorm betas and biases
+  (what SGD changes; not the moving statistics nor averages)."""
+  reader = tf.train.load_checkpoint(checkpoint)
+  return {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map()
+          if n.rsplit('/', 1)[-1] in ('weights', 'beta', 'biases')}
+
+
+POWERS_OF_TWO = {2.0**e for e in range(128)}
+
+
+def same(a, b):
+  return a.keys() == b.keys() and all(np.array_equal(a[n], b[n]) for n in a)
+
+
+def test_overflows_in_a_synchronous_cluster_with_a_backup_worker(
+    procs, tiny_data, tmp_path):
+  """float16 from a scale that overflows, on 2 ps + 3 synchronous workers
+  of which 2 make a step: each overflowing step is zeroed on both ps (from
+  a finiteness flag per variable), still advances the global step, and
+  the steps after the scale came down train."""
+  train_dir = str(tmp_path / 'train')
+  initial = 2**30
+  start_cluster(procs, cluster_flags(tiny_data, train_dir, 3, 2) + [
+      '--max_steps=20', '--replicas_to_aggregate=2', '--mixed_precision',
+      '--mixed_precision_dtype=float16', '--initial_loss_scale=%d' % initial,
+      '--save_summaries_steps=1', '--save_checkpoint_steps=5'], 3, 2)
+  codes = procs.wait_all(timeout=240)
+  assert codes == dict.fromkeys(
+      ['ps0', 'ps1', 'worker0', 'worker1', 'worker2'], 0), procs.tails()
+  assert checkpoint_step(train_dir) == 20
+  said = skipped_lines(procs.log('worker0'))
+  # Only the chief's sync op updates the scale, once a global step: each
+  # skipped step halved it (and nothing doubled it: 2000 good steps).
+  assert said and all(scale == float('%g' % (initial / 2**n))
+                      for n, scale in said), said
+  # float16's largest number is 65504: from 2**30 down to 2**21, any
+  # gradient above 0.04 overflows (this model's reach 1 and more). So
+  # global steps 1-10 were skipped, and left every weight on both ps as it
+  # was. (The chief saves when its step
+  # finds 5 more global steps: at 5 or a little after.)
+  assert said[-1][0] >= 10, said
+  saved = sorted(int(p.rsplit('-', 1)[1]) for p in
+                 tf.train.get_checkpoint_state(
+                     train_dir).all_model_checkpoint_paths)
+  assert saved[0] == 0 and 0 < saved[1] <= 10, saved
+  first = trainable(os.path.join(train_dir, 'model.ckpt-0'))
+  assert first and same(first, trainable(
+      os.path.join(train_dir, 'model.ckpt-%d' % saved[1])))
+  last = trainable(tf.train.latest_checkpoint(train_dir))
+  assert all(not np.array_equal(first[n], last[n]) for n in first), [
+      n for n in first if np.array_equal(first[n], last[n])]
+  scales = [v for _, v in summaries_in_step_order(train_dir, 'loss_scale')]
+  assert scales and all(v in POWERS_OF_TWO and v <= initial for v in scales)
+  assert scales[-1] < initial, scales
+  assert_clean_logs(procs)
+
+
+def progress_steps(procs, name):
+  return [int(s) for s in PROGRESS.findall(procs.log(name))]
+
+
+def wait_for(predicate, timeout, what, procs):
+  deadline = time.time() + timeout
+  while not predicate():
+    if time.time() > deadline:
+      pytest.fail('%s did not happen within %d s; logs:\n%s' % (
+          what, timeout, procs.tails()))
+    time.sleep(0.2)
+
+
+def test_a_worker_joining_late_does_not_reset_the_loss_scale(
+    procs, tiny_data, tmp_path):
+  # Asynchronous, and no end: the chief trains alone, then with worker 1,
+  # until the test has seen what it needs.
+  flags = cluster_flags(tiny_data, str(tmp_path / 'train')) + [
+      '--max_steps=1000000', '--nosync_replicas', '--mixed_precision',
+      '--mixed_precision_dtype=float16', '--initial_loss_scale=%d' % 2**24,
+      '--loss_scale_period=100000']
+  procs.trainer('ps0', '--job_name=ps', '--task_index=0', *flags)
+  procs.trainer('worker0', '--job_name=worker', '--task_index=0', *flags)
+  # Halved twice at least: a reset to 2**24 would then show (a reset at
+  # 2**23 would come back as 2**24 / 2, as if nothing happened).
+  wait_for(lambda: any(scale <= 2**22 for _, scale in skipped_lines(
+      procs.log('worker0'))), 120, 'the scale down to 2**22', procs)
+  procs.trainer('worker1', '--job_name=worker', '--task_index=1', *flags)
+  wait_for(lambda: progress_steps(procs, 'worker1'), 120,
+           'worker 1 training', procs)
+  # The global step after worker 1's 5th step: it had joined by then.
+  joined = progress_steps(procs, 'worker1')[0]
+  wait_for(lambda: progress_steps(procs, 'worker0')[-1] > joined + 20, 120,
+           'the chief training on after worker 1 joined', procs)
+  said = [scale for _, scale in skipped_lines(procs.log('worker0'))]
+  assert 'Error' not in procs.log('worker1'), procs.tails()
+  procs.kill_all()
+  # With 100000 good steps to double it, the scale only ever comes down.
+  # Had worker 1 initialized it again, to 2**24, the chief's next step
+  # would have overflowed and said a scale above the ones before.
+  assert said and all(a >= b for a, b in zip(said, said[1:])), said
+
+
+def run_scaled_steps(steps, initial_scale, period=2000):
   """Trains the trainer's graph in this process with float16's loss scaling
-  from initial_scale (in float32: the scaling is the same arithmetic).
+  from initial_scale, doubled after period good steps in a row (in
+  float32: the scaling is the same arithmetic).
 
   Returns:
     [(global step after the step, skipped steps, scale, weights changed)]
-    per step; with sync, read once, when the global step reached steps
-    (within twice as many runs).
+    per step.
   """
-  import numpy as np  # pylint: disable=g-import-not-at-top
   import training_graph  # pylint: disable=g-import-not-at-top
   import training_session  # pylint: disable=g-import-not-at-top
   rng = np.random.RandomState(0)
@@ -185,48 +364,33 @@ def run_scaled_steps(sync, steps, initial_scale):
     images = tf.constant(rng.rand(8, 32, 32, 3).astype(np.float32))
     labels = tf.constant(rng.randint(0, 10, 8).astype(np.int32))
     graph = training_graph.build(images, labels, 0, True, (0.1, 1000, 0.1),
-                                 sync=(1, 1) if sync else None,
-                                 loss_scale=initial_scale)
+                                 loss_scale=initial_scale,
+                                 loss_scale_period=period)
     scaling = graph.loss_scaling
     weights = tf1.trainable_variables()
-    hooks = [training_session.SkippedSteps(scaling.after)]
-    if sync:
-      hooks.append(graph.sync_opt.make_session_run_hook(True))
-    # The chief's queue runner waits in take_grad for gradients that no
-    # longer come: closing the session cancels it.
     with tf1.train.MonitoredSession(
         session_creator=tf1.train.ChiefSessionCreator(
             scaffold=training_graph.scaffold(graph)),
-        hooks=hooks, stop_grace_period_secs=1) as sess:
+        hooks=[training_session.SkippedSteps(scaling.after)]) as sess:
       def read():
         return sess.run_step_fn(lambda step_context: step_context.session.run(
             [graph.global_step, scaling.skipped_steps, scaling.scale,
              weights]))
       before = read()[3]
       rows = []
-      step = 0
-      for _ in range(steps if not sync else 2 * steps):
+      for _ in range(steps):
         sess.run(graph.step_after)
         step, skipped, scale, now = read()
         changed = not all(np.array_equal(a, b) for a, b in zip(before, now))
-        if not sync:
-          rows.append((step, skipped, scale, changed))
-          before = now
-        elif step >= steps:
-          # Read once: a synchronous step's update lands after the step
-          # that pushed its gradients returned.
-          rows.append((step, skipped, scale, changed))
-          break
-  for thread in threading.enumerate():  # Cancelled by the close: let them
-    if thread.name.startswith('QueueRunnerThread'):  # end within the test.
-      thread.join(timeout=10)
+        rows.append((step, skipped, scale, changed))
+        before = now
   return rows
 
 
 def test_overflowing_steps_apply_nothing_and_halve_the_scale(capsys):
   # 2**127 times any gradient above 2 is float32's inf: from this seed's
   # weights, the first step overflows.
-  rows = run_scaled_steps(False, 40, 2.0**127)
+  rows = run_scaled_steps(40, 2.0**127)
   # The chief's hook says so once each time the count grew, after the step.
   assert capsys.readouterr().err.splitlines() == [
       'Worker 0: %d steps so far had float16 gradients that overflowed; they '
@@ -244,21 +408,149 @@ def test_overflowing_steps_apply_nothing_and_halve_the_scale(capsys):
   assert rows[-1][3]  # And it found a scale that fits.
 
 
-# Closing the session cancels the chief queue runner's wait, which raises in
-# its thread.
-@pytest.mark.filterwarnings(
-    'ignore::pytest.PytestUnhandledThreadExceptionWarning')
-def test_skipped_steps_still_advance_a_synchronous_cluster():
-  """SyncReplicasOptimizer's accumulators count steps on their own: a
-  skipped step that left the global step behind would have made every
-  later gradient stale, and the run would wait forever."""
-  result = []
-  thread = threading.Thread(target=lambda: result.extend(
-      run_scaled_steps(True, 30, 2.0**127)), daemon=True)
-  thread.start()
-  thread.join(timeout=120)
-  assert result, 'the synchronous steps stopped: a skipped step stalled them'
-  (step, skipped, scale, changed), = result
-  assert step == 30
-  assert 1 <= skipped < 30 and scale == 2.0**(127 - skipped)
-  assert changed
+def test_every_3_good_steps_in_a_row_double_the_scale():
+  rows = run_scaled_steps(10, 4.0, period=3)
+  # Steps 3, 6 and 9 each end 3 good steps in a row.
+  assert [r[2] for r in rows] == [4, 4, 8, 8, 8, 16, 16, 16, 32, 32]
+  assert [(r[0], r[1], r[3]) for r in rows] == [
+      (n, 0, True) for n in range(1, 11)]  # None skipped, every one applied.
+
+
+# A ps and two worker tasks, as gRPC servers in one process of their own
+# (killed by PID at the end: TensorFlow cannot stop a server it started);
+# the workers' servers rewrite their graphs to float16 as a worker does.
+SERVERS = """
+import json, sys
+import tensorflow as tf
+spec = tf.train.ClusterSpec(json.loads(sys.argv[1]))
+servers = [tf.distribute.Server(spec, job, task) for job, task in
+           (('ps', 0), ('worker', 0), ('worker', 1))]
+print('serving', flush=True)
+servers[0].join()
+"""
+
+
+@pytest.fixture
+def two_workers(procs):
+  """Returns start(initial_scale): two asynchronous workers' graphs of the
+  trainer (float16 compute on the CPU, with its loss scaling) on a real
+  cluster of 1 ps and 2 workers, the model initialized, each with a
+  session on its worker's server: [(TrainingGraph, session)] for worker 0
+  and 1."""
+  ports = free_ports(3)
+  hosts = ['localhost:%d' % p for p in ports]
+  cluster = {'ps': hosts[:1], 'worker': hosts[1:]}
+  procs.start('servers', ['-c', SERVERS, json.dumps(cluster)],
+              env={'TF_CPP_MIN_LOG_LEVEL': '2',
+                   'TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16': '0'})
+  config = tf1.ConfigProto()
+  config.graph_options.rewrite_options.auto_mixed_precision_cpu = (
+      rewriter_config_pb2.RewriterConfig.ON)
+  sessions = []
+
+  def start(initial_scale):
+    import training_graph  # pylint: disable=g-import-not-at-top
+    procs.wait_for_line('servers', 'serving', timeout=60)
+    workers = []
+    for task in (0, 1):
+      with tf.Graph().as_default() as graph:
+        rng = np.random.RandomState(task)
+        inputs, variables = training_graph.devices(
+            tf.train.ClusterSpec(cluster), task, 0)
+        with tf.device(inputs):
+          images = tf.constant(rng.rand(16, 32, 32, 3).astype(np.float32))
+          labels = tf.constant(rng.randint(0, 10, 16).astype(np.int32))
+        with tf1.device(variables):
+          built = training_graph.build(images, labels, 1, task == 0,
+                                       (0.1, 1000, 0.1), None, tf.float32,
+                                       loss_scale=initial_scale)
+        init = tf.group(tf1.global_variables_initializer() if task == 0
+                        else tf.no_op(), built.loss_scaling.local_init_op())
+      session = tf1.Session('grpc://' + hosts[1 + task], graph=graph,
+                            config=config)
+      sessions.append(session)
+      session.run(init)  # Worker 0's first: worker 1 resets nothing.
+      workers.append((built, session))
+    return workers
+
+  yield start
+  for session in sessions:
+    session.close()
+
+
+def scaling_state(worker):
+  """(scale, skipped steps, global step) on the ps, read by worker."""
+  built, session = worker
+  return tuple(session.run([built.loss_scaling.scale,
+                            built.loss_scaling.skipped_steps,
+                            built.global_step]))
+
+
+def trainable_weights(worker):
+  built, session = worker
+  return session.run(built.loss.graph.get_collection(
+      tf1.GraphKeys.TRAINABLE_VARIABLES))
+
+
+def test_two_async_workers_that_overflowed_at_one_scale_halve_it_once(
+    two_workers):
+  scale = 2.0**24  # float16's gradients overflow (its largest: 65504).
+  workers = two_workers(scale)
+  weights = trainable_weights(workers[0])
+  # Worker 0's step, then worker 1's, both from gradients computed with the
+  # same scale: the one worker 1 would have read before worker 0 halved it.
+  for built, session in workers:
+    session.run(built.step_after, {built.loss_scaling.used_scale: scale})
+  # Halved once, from the scale both used: halving the scale found at each
+  # update would have left scale / 4.
+  assert scaling_state(workers[1]) == (scale / 2, 2, 2)
+  assert all(np.array_equal(a, b) for a, b in zip(
+      weights, trainable_weights(workers[0])))  # Both applied nothing.
+
+
+def test_a_workers_update_of_the_scale_waits_for_anothers(two_workers):
+  """The lost update, made to happen: worker 0 holds the ps's mutex between
+  its read of the scale and its write (as a finite step's update does)
+  while worker 1's overflowing step updates the scale; worker 1's halving
+  must come after worker 0's write, not be overwritten by it."""
+  scale = 2.0**24
+  workers = two_workers(scale)
+  (built0, session0), (built1, session1) = workers
+  scaling = built0.loss_scaling
+  with built0.loss.graph.as_default(), tf.device('/job:ps/task:0/cpu:0'):
+    entered = tf1.FIFOQueue(1, tf.int32)
+    release = tf1.FIFOQueue(1, tf.int32)
+
+    def hold():
+      read = scaling.scale.read_value()
+      with tf.control_dependencies([read]):
+        told = entered.enqueue(1)
+      with tf.control_dependencies([told]):
+        waited = release.dequeue()
+      with tf.control_dependencies([waited]):
+        wrote = scaling.scale.assign(read, read_value=False)
+      with tf.control_dependencies([wrote]):
+        return tf.identity(read)
+    held = scaling.critical.execute(hold)
+    wait_entered, let_go = entered.dequeue(), release.enqueue(1)
+  results = {}
+  holder = threading.Thread(target=lambda: results.update(
+      held=session0.run(held)), daemon=True)
+  holder.start()
+  # Worker 0 holds the mutex, has read the scale.
+  session0.run(wait_entered, options=tf1.RunOptions(timeout_in_ms=60000))
+  stepper = threading.Thread(target=lambda: results.update(
+      step=session1.run(built1.step_after)), daemon=True)
+  stepper.start()
+  # Long enough for its first step's graph to be built on a loaded machine
+  # (a watch of a stall: nothing may happen in it).
+  stepper.join(timeout=10)
+  waited = stepper.is_alive()  # Worker 1's update: it waits for the mutex.
+  session0.run(let_go)
+  holder.join(timeout=30)
+  stepper.join(timeout=30)
+  assert results == {'held': scale, 'step': 1}
+  # Worker 0 wrote back what it read, then worker 1 halved it (without the
+  # mutex: worker 1 halved it, then worker 0 wrote the scale back).
+  assert scaling_state(workers[0]) == (scale / 2, 1, 1)
+  assert waited

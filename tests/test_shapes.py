@@ -159,7 +159,7 @@ def test_shape_trains_to_max_steps_and_resumes(procs, tiny_data, tmp_path,
   with open(os.path.join(train_dir, 'graph.pbtxt')) as f:
     # Asynchronous means no SyncReplicasOptimizer queues in the graph.
     assert ('sync_token_q' in f.read()) == (first[2] != ASYNC)
-  # Periodic checkpoints are the chaos test's business (test_chaos.py);
+  # Periodic checkpoints are the soak's business (test_soak.py);
   # here the summaries for TensorBoard: from the chief alone.
   assert len([f for f in os.listdir(train_dir)
               if f.startswith('events.out.tfevents')]) == 1

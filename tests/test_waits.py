@@ -80,6 +80,10 @@ def test_ps_names_the_workers_it_waits_for_at_the_end(procs, tiny_data,
   procs.trainer('worker1', '--job_name=worker', '--task_index=1', *flags)
   assert procs.wait_all(timeout=120) == {'ps0': 0, 'worker0': 0,
                                          'worker1': 0}, procs.tails()
+  # It trained nothing: its first words after its session are the end.
+  log1 = procs.log('worker1')
+  assert log1.split('Worker 1: Session initialization complete.\n')[1] == (
+      'Worker 1: training finished at global step 20\n'), log1
   assert 'ps 0: all 2 worker(s) finished; exiting' in procs.log('ps0')
   assert checkpoint_step(train_dir) == 20
   assert_clean_logs(procs)

@@ -1,9 +1,13 @@
-"""Chaos: kill -9 workers, the chief and each ps of a 2-ps cluster in turn.
+"""The restart soak: a synchronous 2 ps + 3 worker cluster (one backup
+worker) whose tasks of every role are killed (-9) and started again with the
+same command, as Kubernetes does, 9 times, the chief 4 of them.
 
-Each kill happens when a checkpoint step is reached (not after a sleep), and
-the task is restarted with the same command. The run must still finish at
---max_steps with every task exiting 0, and after each kill training must go
-on from no earlier than the last checkpoint taken before it.
+Each kill comes when a checkpoint step is reached (not after a sleep). The
+run must end at --max_steps with every task it started gone and every
+restarted one exiting 0; after each kill, training goes on from no earlier
+than the last checkpoint taken before it (restored, or kept on the ps tasks
+when only the chief was lost); and at most the saver's max_to_keep
+checkpoints remain.
 """
 
 import re
@@ -12,20 +16,23 @@ import tensorflow as tf
 
 from test_cluster import cluster_flags, latest_step, start_cluster
 from test_faults import kill9, wait_until
+from test_long_run import MAX_TO_KEEP, checkpoint_files, listed
 
-MAX_STEPS = 60
+MAX_STEPS = 110
 # The task killed once the checkpoint of step 10, 20, ... exists.
-VICTIMS = ['worker2', 'worker0', 'ps1', 'worker1', 'ps0']
+VICTIMS = ['worker2', 'worker0', 'ps1', 'worker0', 'worker1', 'ps0',
+           'worker0', 'worker2', 'worker0']
 
 
-def restored_steps(log):
-  """Steps the chief (re)started from: on start-up, or after a lost ps."""
+def went_on_from(log):
+  """Steps the chief went on from: resumed, restored, or kept on the ps."""
   return [int(s) for s in re.findall(
-      r'(?:resuming from \S+model\.ckpt-|restored the model at global step )'
-      r'(\d+)', log)]
+      r'(?:resuming from \S+model\.ckpt-|restored the model at global step |'
+      r'the ps tasks hold the model at global step )(\d+)', log)]
 
 
-def test_kill_every_kind_of_task_in_turn(procs, tiny_data, tmp_path):
+def test_kill_and_restart_every_role_again_and_again(procs, tiny_data,
+                                                     tmp_path):
   train_dir = str(tmp_path / 'train')
   flags = cluster_flags(tiny_data, train_dir, num_workers=3, num_ps=2) + [
       '--replicas_to_aggregate=2', '--max_steps=%d' % MAX_STEPS,
@@ -40,7 +47,7 @@ def test_kill_every_kind_of_task_in_turn(procs, tiny_data, tmp_path):
                'checkpoint %d' % at, procs)
     chief = live['worker0']
     lost_before = procs.log(chief).count('lost a task of the cluster')
-    restored_before = len(restored_steps(procs.log(chief)))
+    went_before = len(went_on_from(procs.log(chief)))
     killed.append(live[victim])
     kill9(procs, live[victim])
     saved = latest_step(train_dir)  # The last checkpoint before the kill.
@@ -54,13 +61,19 @@ def test_kill_every_kind_of_task_in_turn(procs, tiny_data, tmp_path):
     procs.trainer(live[victim], '--job_name=' + job, '--task_index=' + index,
                   *flags)
     if victim == 'worker0':
-      chief, restored_before = live[victim], 0
+      chief, went_before = live[victim], 0
     elif not victim.startswith('ps'):
       continue  # The chief goes on; nothing is restored.
-    # The chief starts again from a checkpoint: the last one, or a later one.
-    wait_until(lambda: len(restored_steps(procs.log(chief))) > restored_before,
-               120, 'the chief restoring after the kill of %s' % victim, procs)
-    assert restored_steps(procs.log(chief))[-1] >= saved, procs.tails()
+    wait_until(lambda: len(went_on_from(procs.log(chief))) > went_before,
+               120, 'the chief going on after the kill of %s' % victim,
+               procs)
+    assert went_on_from(procs.log(chief))[-1] >= saved, procs.tails()
+    last = procs.log(chief).strip().splitlines()
+    how = [l for l in last if re.search(
+        r'restored the model at|the ps tasks hold the model|resuming from',
+        l)][-1]
+    # Only the chief lost: the ps model kept; a ps lost: the checkpoint.
+    assert ('the ps tasks hold the model' in how) == (victim == 'worker0'), how
 
   codes = procs.wait_all(timeout=180)
   assert codes == dict({n: -9 for n in killed},
@@ -68,3 +81,5 @@ def test_kill_every_kind_of_task_in_turn(procs, tiny_data, tmp_path):
   assert latest_step(train_dir) == MAX_STEPS
   name = tf.train.latest_checkpoint(train_dir)
   assert int(tf.train.load_variable(name, 'global_step')) == MAX_STEPS
+  assert len(checkpoint_files(train_dir)) <= MAX_TO_KEEP
+  assert listed(train_dir) == checkpoint_files(train_dir)

@@ -1,0 +1,267 @@
+"""A long run loses nothing: restarts, a lost chief, a ps lost at the end,
+an earlier release's checkpoint, a checkpoint rewritten under its name.
+Real processes (the restart soak is tests/test_soak.py)."""
+
+import glob
+import os
+import re
+import signal
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import ROOT, free_ports
+from test_cluster import PROGRESS, checkpoint_step, checkpoint_steps
+from test_cluster import cluster_flags, latest_step, single_process_flags
+from test_cluster import start_cluster
+from test_faults import kill9, wait_until
+
+tf1 = tf.compat.v1
+
+MAX_TO_KEEP = 5  # tf1.train.Saver's default, which the chief's saver has.
+
+
+def checkpoint_files(train_dir):
+  """The steps of the model.ckpt-N checkpoints on disk, in order."""
+  return sorted(int(re.search(r'-(\d+)\.index$', p).group(1)) for p in
+                glob.glob(os.path.join(train_dir, 'model.ckpt-*.index')))
+
+
+def listed(train_dir):
+  """The steps the `checkpoint` file lists, in its order."""
+  state = tf.train.get_checkpoint_state(train_dir)
+  return [int(p.rsplit('-', 1)[1]) for p in state.all_model_checkpoint_paths]
+
+
+def printed_steps(log):
+  return [int(s) for s in PROGRESS.findall(log)]
+
+
+def test_restarts_trim_what_an_earlier_release_left(procs, tiny_data,
+                                                    tmp_path):
+  # An earlier release forgot its checkpoints at every restart: 8 here.
+  train_dir = str(tmp_path / 'train')
+  flags = single_process_flags(tiny_data, train_dir)
+  procs.trainer('first', '--max_steps=8', '--save_checkpoint_steps=1', *flags)
+  assert procs.wait_all(timeout=120)['first'] == 0, procs.tails()
+  kept = checkpoint_files(train_dir)
+  for step in range(8):  # Copies of the last one under older names.
+    if step not in kept:
+      for path in glob.glob(os.path.join(train_dir, 'model.ckpt-8.*')):
+        suffix = path.split('model.ckpt-8', 1)[1]
+        with open(path, 'rb') as src, open(os.path.join(
+            train_dir, 'model.ckpt-%d%s' % (step, suffix)), 'wb') as dst:
+          dst.write(src.read())
+  assert checkpoint_files(train_dir) == list(range(9))
+  procs.trainer('again', '--max_steps=10', '--save_checkpoint_steps=1',
+                *flags)
+  assert procs.wait_all(timeout=120)['again'] == 0, procs.tails()
+  assert checkpoint_files(train_dir) == [6, 7, 8, 9, 10]
+  assert listed(train_dir) == [6, 7, 8, 9, 10]
+
+
+# 1 and 2 ps, sync and async; 2 ps sync in tests/test_soak.py.
+@pytest.mark.parametrize('num_ps, sync', [(2, False), (1, True)],
+                         ids=['2ps_async', '1ps_sync'])
+def test_a_lost_chief_is_said_and_its_return_keeps_the_ps_model(
+    procs, tiny_data, tmp_path, num_ps, sync):
+  train_dir = str(tmp_path / 'train')
+  max_steps = 240
+  flags = cluster_flags(tiny_data, train_dir, num_ps=num_ps) + [
+      '--max_steps=%d' % max_steps, '--save_checkpoint_steps=20'] + (
+          [] if sync else ['--nosync_replicas'])
+  chief = flags[1].split('=')[1].split(',')[0]
+  start_cluster(procs, flags, num_ps=num_ps)
+  wait_until(lambda: latest_step(train_dir) >= 20, 120, 'checkpoint 20',
+             procs)
+  kill9(procs, 'worker0')
+  saved = latest_step(train_dir)
+  lost = ('Worker 1: lost the chief, worker 0 at %s (Connection refused); no '
+          'checkpoint is written until it is back, and the steps since its '
+          'last one are only on the ps tasks, which keep them: start it '
+          'again and it goes on from there. This worker waits for it' % chief)
+  # Within about 30 s (it says so 6 to 8 s after the chief is gone).
+  procs.wait_for_line('worker1', lost, 30)
+  before = printed_steps(procs.log('worker1'))
+  waiting = procs.log('worker1')
+  procs.trainer('worker0_again', '--job_name=worker', '--task_index=0',
+                *flags)
+  codes = procs.wait_all(timeout=180)
+  expected = {'ps%d' % i: 0 for i in range(num_ps)}
+  expected.update(worker0=-9, worker1=0, worker0_again=0)
+  assert codes == expected, procs.tails()
+  log1 = procs.log('worker1')
+  back = 'Worker 1: the chief, worker 0 at %s, is back; going on' % chief
+  assert back in log1
+  # It waited: at most the step it was in when it said so, until the chief
+  # was back.
+  paused = log1[len(waiting):log1.index(back)]
+  assert len(printed_steps(paused)) <= 1, paused
+  # The global step never went back: the chief kept what the ps held, the
+  # steps worker 1 made after the last checkpoint included.
+  steps = printed_steps(log1)
+  assert steps == sorted(steps), steps
+  log = procs.log('worker0_again')
+  assert 'resuming from' not in log, log
+  kept, = [int(s) for s in re.findall(
+      r'^Worker 0: the ps tasks hold the model at global step (\d+), at or '
+      r'past the last checkpoint \(model\.ckpt-%d\): going on from there, '
+      r'not from the checkpoint$' % saved, log, re.M)]
+  assert kept >= max([saved] + before)
+  # And trained on from there, not from the checkpoint.
+  assert printed_steps(log)[0] > kept
+  name_step, step = checkpoint_steps(train_dir)
+  assert max_steps <= name_step <= step <= max_steps + 1
+  assert len(checkpoint_files(train_dir)) <= MAX_TO_KEEP
+
+
+DONE_DRIVER = '''
+import os
+import sys
+import time
+sys.path.insert(0, %(root)r)
+import tensorflow as tf
+tf1 = tf.compat.v1
+tf1.disable_eager_execution()
+import cluster_runtime
+ps, worker = %(ps)r, %(worker)r
+cluster = tf.train.ClusterSpec({'ps': ps, 'worker': [worker]})
+config = cluster_runtime.session_config('worker', 0, [worker])
+server = cluster_runtime.start_server(cluster, 'worker', 0, config)
+with tf.device('/job:ps/task:0'):
+  step = tf1.train.get_or_create_global_step()
+print('start', time.time(), flush=True)
+result = cluster_runtime.tell_cluster_done(server.target, config, 0, ps, step,
+                                           False)
+print('end', time.time(), flush=True)
+print('result', result, flush=True)
+os._exit(0)  # As the trainer does when a session still waits (stuck).
+'''
+
+
+def test_telling_a_lost_ps_that_a_worker_is_done_is_bounded(procs, tmp_path):
+  # ps 0 is there, ps 1 killed, ps 2 stopped (SIGSTOP: it takes connections
+  # and answers nothing, as a hung machine).
+  ports = free_ports(4)
+  ps = ['localhost:%d' % p for p in ports[:3]]
+  worker = 'localhost:%d' % ports[3]
+  hosts = ['--ps_hosts=' + ','.join(ps), '--worker_hosts=' + worker]
+  for i in range(3):
+    procs.trainer('ps%d' % i, '--job_name=ps', '--task_index=%d' % i, *hosts)
+  for i in range(3):
+    procs.wait_for_line('ps%d' % i, 'ps %d: serving on' % i, 60)
+  kill9(procs, 'ps1')
+  procs.procs['ps2'].send_signal(signal.SIGSTOP)
+  procs.start('worker0', ['-c', DONE_DRIVER % dict(root=ROOT, ps=ps,
+                                                   worker=worker)])
+  assert procs.procs['worker0'].wait(timeout=90) == 0, procs.tails()
+  assert procs.procs['ps0'].wait(timeout=30) == 0, procs.tails()
+  log = procs.log('worker0')
+  warnings = [l for l in log.splitlines() if l.startswith('Warning')]
+  assert warnings == [
+      'Warning: could not tell ps %d at %s that worker 0 is done: %s; it '
+      'waits for that until it is stopped (Ctrl-C; the chief\'s checkpoints '
+      'hold the model)' % (i, ps[i], why) for i, why in (
+          (1, 'it cannot be reached (Connection refused)'),
+          (2, 'it did not answer in 10 s'))], log
+  assert 'ps 0: all 1 worker(s) finished; exiting' in procs.log('ps0')
+  # The global step (not initialized here) could not be read; the session
+  # still waiting on ps 2 does not keep the driver from exiting.
+  assert 'result None' in log, log
+  # From its first word to its last: one 10 s bound, for ps 2 alone.
+  stamps = [float(t) for t in re.findall(r'^(?:start|end) (\S+)$', log,
+                                         re.M)]
+  assert 10 <= stamps[1] - stamps[0] < 20, stamps
+
+
+def test_sigterm_to_a_chief_whose_ps_is_lost_names_the_ps(procs, tiny_data,
+                                                          tmp_path):
+  train_dir = str(tmp_path / 'train')
+  flags = cluster_flags(tiny_data, train_dir) + [
+      '--max_steps=100000', '--save_checkpoint_steps=10']
+  ps = flags[0].split('=')[1]
+  start_cluster(procs, flags)
+  wait_until(lambda: latest_step(train_dir) >= 10, 120, 'checkpoint 10',
+             procs)
+  kill9(procs, 'ps0')
+  procs.wait_for_line('worker0', 'Worker 0: lost a task of the cluster', 60)
+  saved = tf.train.latest_checkpoint(train_dir)
+  procs.procs['worker0'].send_signal(signal.SIGTERM)
+  assert procs.procs['worker0'].wait(timeout=30) == 143
+  assert ('Worker 0: SIGTERM: could not write a checkpoint: ps 0 at %s '
+          '(Connection refused) cannot be reached; the last one, %s, is '
+          'kept; exiting' % (ps, saved)) in procs.log('worker0')
+  assert 'closed Session' not in procs.log('worker0')
+
+
+def write_checkpoint_without_averages(train_dir, step):
+  """A checkpoint of the network as the release before the moving
+  averages wrote it: weights, BatchNorm statistics, global step, nothing
+  else. Returns {name: value} of what it holds."""
+  import cifar10_model  # pylint: disable=g-import-not-at-top
+  os.makedirs(train_dir)
+  with tf.Graph().as_default():
+    tf1.set_random_seed(3)
+    global_step = tf1.train.get_or_create_global_step()
+    cifar10_model.inference(tf.zeros([1, 32, 32, 3]), is_training=True)
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      sess.run(global_step.assign(step))
+      tf1.train.Saver().save(sess, os.path.join(train_dir, 'model.ckpt'),
+                             global_step=step)
+      return {v.op.name: sess.run(v) for v in tf1.global_variables()}
+
+
+def test_an_earlier_release_checkpoint_resumes_with_averages_from_weights(
+    procs, tiny_data, tmp_path):
+  train_dir = str(tmp_path / 'train')
+  old = write_checkpoint_without_averages(train_dir, 7)
+  assert not [n for n in old if 'ExponentialMovingAverage' in n]
+  # 2 ps (two kernels are split), one synchronous worker: nothing updates
+  # the model before the chief saves what it resumed.
+  flags = cluster_flags(tiny_data, train_dir, num_workers=1, num_ps=2)
+  start_cluster(procs, flags + ['--max_steps=12'], num_workers=1, num_ps=2)
+  assert set(procs.wait_all(timeout=180).values()) == {0}, procs.tails()
+  log = procs.log('worker0')
+  path = os.path.join(train_dir, 'model.ckpt-7')
+  weights = [n for n in old if n.endswith(('weights', 'biases', 'beta'))]
+  assert ('Worker 0: %s has no moving averages of the weights (an earlier '
+          'release wrote it): resuming from it, the %d averages starting '
+          'from its weights' % (path, len(weights))) in log, log
+  assert 'fresh_start' not in log and 'Error' not in log, log
+  assert 'Worker 0: resuming from %s' % path in log
+  assert checkpoint_step(train_dir) == 12
+  # The chief saved what it resumed from at once, under the same name: its
+  # weights and its averages are the old checkpoint's weights, exactly.
+  reader = tf.train.load_checkpoint(path)
+  assert reader.get_tensor('global_step') == 7
+  for name in weights:
+    assert np.array_equal(reader.get_tensor(name), old[name]), name
+    assert np.array_equal(
+        reader.get_tensor(name + '/ExponentialMovingAverage'), old[name]), name
+
+
+def test_evaluator_evaluates_a_checkpoint_written_again_under_its_name(
+    procs, tiny_data, tmp_path):
+  train_dir = str(tmp_path / 'train')
+  flags = single_process_flags(tiny_data, train_dir) + [
+      '--save_checkpoint_steps=10']
+  procs.trainer('first', '--max_steps=20', *flags)
+  assert procs.wait_all(timeout=120)['first'] == 0, procs.tails()
+  data, = glob.glob(os.path.join(train_dir, 'model.ckpt-20.data-*'))
+  with open(data, 'r+b') as f:  # Damaged, as by a crash mid-write.
+    f.truncate(os.path.getsize(data) // 2)
+  procs.trainer('evaluator', '--job_name=evaluator', '--max_steps=20',
+                '--eval_interval_secs=0.5', '--data_dir=' + tiny_data,
+                '--train_dir=' + train_dir)
+  procs.wait_for_line('evaluator', 'Evaluator: cannot read the checkpoint '
+                      '%s/model.ckpt-20' % train_dir, 90)
+  # The chief falls back past it and writes a good model.ckpt-20.
+  procs.trainer('second', '--max_steps=20', *flags)
+  codes = procs.wait_all(timeout=120)
+  assert codes == {'first': 0, 'evaluator': 0, 'second': 0}, procs.tails()
+  assert 'resuming from %s/model.ckpt-10' % train_dir in procs.log('second')
+  results = re.findall(r': step (\d+), loss = \S+ ,Test accuracy = \d\.\d{4} '
+                       r'\(50 examples\)', procs.log('evaluator'))
+  assert results[-1] == '20', procs.log('evaluator')
