@@ -23,6 +23,7 @@ import shutil
 import tensorflow as tf
 
 import cifar10_files
+import learning_rate
 
 
 class TrainDirError(Exception):
@@ -285,6 +286,57 @@ def check_data_record(train_dir, found, resume, new_data, say):
   try:
     with open(path + '.tmp', 'w') as f:
       json.dump(found, f, indent=1)
+    os.replace(path + '.tmp', path)
+  except OSError as e:
+    raise TrainDirError('cannot write %s: %s' % (path, e.strerror))
+
+
+# Where the chief records the learning rate's schedule the run trains with.
+SCHEDULE_RECORD = 'learning_rate.json'
+
+
+def check_schedule_record(train_dir, schedule, resume, say):
+  """Records in train_dir the learning rate's schedule; says when a resumed
+  run's is not the one it was trained with (a new --max_steps moves a cosine
+  schedule; a new release may have other defaults).
+
+  Args:
+    train_dir: --train_dir, made.
+    schedule: The learning_rate.Schedule of this run.
+    resume: The checkpoints.Resume the chief resumes, or None.
+    say: Called with one line.
+
+  Raises:
+    TrainDirError: when the record cannot be written.
+  """
+  path = os.path.join(train_dir, SCHEDULE_RECORD)
+  try:
+    with open(path) as f:
+      recorded = json.load(f)
+    if not isinstance(recorded, dict):
+      raise ValueError('not a record')
+  except FileNotFoundError:
+    recorded = None  # A new run, or one from an earlier release.
+  except (OSError, ValueError) as e:
+    recorded = {}  # Damaged: nothing to compare with.
+    if resume:
+      say('%s cannot be read (%s): it is written again, with this run\'s '
+          'learning rate' % (path, e))
+  changed = (learning_rate.changes(recorded, schedule)
+             if resume and recorded != {} else [])
+  if changed:
+    say('%s was trained with %s; from global step %d on it follows this '
+        'one (%s); give every task the earlier flags to keep %s' % (
+            train_dir, 'another learning-rate schedule' if recorded else
+            'the learning rate of an earlier release (the reference\'s '
+            'exponential schedule, unscaled, no warmup)', resume.step,
+            ', '.join(changed), 'it' if recorded else
+            'it: --lr_schedule=exponential --lr_scaling=none --warmup_steps=0'))
+  if recorded == schedule._asdict():
+    return
+  try:
+    with open(path + '.tmp', 'w') as f:
+      json.dump(schedule._asdict(), f, indent=1)
     os.replace(path + '.tmp', path)
   except OSError as e:
     raise TrainDirError('cannot write %s: %s' % (path, e.strerror))

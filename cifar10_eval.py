@@ -47,7 +47,9 @@ def build_eval_graph(data_dir, batch_size, standardize):
         batch_size=batch_size, num_preprocess_threads=1, distort=False,
         standardize=standardize, num_epochs=1)
   global_step = tf1.train.get_or_create_global_step()
-  logits = cifar10_model.inference(images, is_training=False)
+  logits = cifar10_model.inference(
+      images, is_training=False,
+      num_class=cifar10_files.num_classes(data_dir)[0])
   fetches = {
       'examples': tf.size(labels),
       'correct': tf.reduce_sum(tf.cast(tf1.nn.in_top_k(logits, labels, 1),

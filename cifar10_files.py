@@ -28,6 +28,9 @@ RECORD_BYTES = cifar_label_bytes + IMAGE_BYTES
 
 TRAIN_PATTERN = 'data_batch_*.bin'
 TEST_FILE = 'test_batch.bin'
+# The class names, one a line (CIFAR-10's has 10, then blank lines).
+META_FILE = 'batches.meta.txt'
+MAX_CLASSES = 256  # What the label byte holds.
 
 
 class DataError(ValueError):
@@ -67,19 +70,41 @@ def data_files(data_dir, eval_data):
                                       for t in re.split(r'(\d+)', f)])
 
 
-def count_records(files):
+def num_classes(data_dir):
+  """Returns (number of classes, where it comes from): the names
+  batches.meta.txt lists (your own images may have 2 or 200) and its path,
+  or CIFAR-10's 10 and None without one.
+
+  Raises:
+    DataError: for a batches.meta.txt of more than MAX_CLASSES names.
+  """
+  path = os.path.join(data_dir, META_FILE)
+  if not os.path.isfile(path):
+    return NUM_CLASSES, None
+  with open(path, 'rb') as f:
+    names = [line for line in f.read().splitlines() if line.strip()]
+  if len(names) > MAX_CLASSES:
+    raise DataError('%s names %d classes, but a label byte holds at most %d'
+                    % (path, len(names), MAX_CLASSES))
+  return (len(names), path) if names else (NUM_CLASSES, None)
+
+
+def count_records(files, classes=(NUM_CLASSES, None)):
   """Validates each file's size and labels; returns the number of records.
 
   Args:
     files: Paths of CIFAR-10 binary files.
+    classes: num_classes() of their folder: labels go from 0 to its number
+      minus 1.
 
   Returns:
     The total number of records in `files`.
 
   Raises:
     DataError: naming the first file whose size is not a positive multiple of
-      the record size, or which holds a label byte of NUM_CLASSES or more.
+      the record size, or which holds a label byte of that number or more.
   """
+  count, meta = classes
   total = 0
   for path in files:
     size = os.path.getsize(path)
@@ -89,12 +114,15 @@ def count_records(files):
           'record: the file is truncated or not CIFAR-10 binary data; '
           'download or generate it again' % (path, size, RECORD_BYTES))
     labels = np.fromfile(path, dtype=np.uint8).reshape(-1, RECORD_BYTES)[:, 0]
-    bad = np.flatnonzero(labels >= NUM_CLASSES)
+    bad = np.flatnonzero(labels >= count)
     if bad.size:
       raise DataError(
-          '%s: record %d has label %d, but labels must be 0..%d: the file is '
-          'corrupt or not CIFAR-10 data' % (path, bad[0], labels[bad[0]],
-                                            NUM_CLASSES - 1))
+          '%s: record %d has label %d, but labels must be 0..%d (%s): the '
+          'file is corrupt, or not CIFAR-10 data' % (
+              path, bad[0], labels[bad[0]], count - 1,
+              '%s names %d classes' % (meta, count) if meta else
+              "CIFAR-10's 10 classes; for more, list their names in " +
+              META_FILE))
     total += labels.size
   return total
 
@@ -110,7 +138,7 @@ def check_data(data_dir, eval_data):
     DataError: with one line saying what is wrong and how to fix it.
   """
   files = data_files(data_dir, eval_data)
-  return files, count_records(files)
+  return files, count_records(files, num_classes(data_dir))
 
 
 def num_records(data_dir, eval_data):

@@ -17,9 +17,9 @@ import tensorflow as tf
 # The data files' layout and validation live in cifar10_files, which does not
 # import TensorFlow (the downloader uses them); they are re-exported here.
 from cifar10_files import (  # pylint: disable=unused-import
-    DataError, IMAGE_BYTES, NUM_CLASSES, RECORD_BYTES, TEST_FILE,
+    DataError, IMAGE_BYTES, META_FILE, NUM_CLASSES, RECORD_BYTES, TEST_FILE,
     TRAIN_PATTERN, check_data, cifar_depth, cifar_height, cifar_label_bytes,
-    cifar_width, count_records, data_files, num_records)
+    cifar_width, count_records, data_files, num_classes, num_records)
 
 tf1 = tf.compat.v1
 

@@ -47,6 +47,7 @@ import cifar10_files
 import cifar10_input
 import cluster_config
 import cluster_runtime
+import learning_rate
 import training_graph
 import training_session
 
@@ -111,6 +112,13 @@ flags.DEFINE_float('num_epochs_per_decay', 350.0,
                    'Epochs after which the learning rate decays.')
 flags.DEFINE_float('learning_rate_decay_factor', 0.1,
                    'Learning rate decay factor.')
+flags.DEFINE_enum('lr_schedule', 'exponential', learning_rate.SCHEDULES,
+                  'exponential: the reference\'s decay (flags above); '
+                  'cosine: from the initial rate to 0 at --max_steps.')
+flags.DEFINE_integer('warmup_steps', 0, 'Steps of linear warmup.')
+flags.DEFINE_enum('lr_scaling', 'none', learning_rate.SCALINGS, 'linear: '
+                  '--initial_learning_rate is for 128 examples per update, '
+                  'and scales with the examples an update aggregates.')
 flags.DEFINE_integer('seed', 0, 'Random seed; worker i uses seed + i for its '
                      'file order, shuffling and augmentation.')
 flags.DEFINE_boolean('fresh_start', False,
@@ -169,7 +177,8 @@ def check_flags():
     if getattr(FLAGS, name) < 1:
       raise cluster_config.UsageError('--%s must be at least 1 (got %d)' %
                                       (name, getattr(FLAGS, name)))
-  for name in ('eval_interval_secs', 'intra_op_threads', 'num_gpus'):
+  for name in ('eval_interval_secs', 'intra_op_threads', 'num_gpus',
+               'warmup_steps'):
     if getattr(FLAGS, name) < 0:
       raise cluster_config.UsageError('--%s must be 0 or more (got %s)' %
                                       (name, getattr(FLAGS, name)))
@@ -201,11 +210,15 @@ def main(_):
   # start), and the INFO note of a lost task, which ReportLostTask shortens.
   tf.get_logger().setLevel('INFO')
   try:
-    return train()
+    status = train()
   except (cluster_config.UsageError, cifar10_input.DataError,
           checkpoints.TrainDirError, checkpoints.WriteError) as e:
     print('Error: %s' % e, file=sys.stderr)
-    return 3 if isinstance(e, checkpoints.LostPsError) else 2
+    status = 3 if isinstance(e, checkpoints.LostPsError) else 2
+  if FLAGS.job_name == 'ps':  # Up through Python's teardown: the workers
+    return status  # close their sessions on its server meanwhile.
+  # All is written (the summary hook flushed): skip the 1.6 s teardown.
+  training_session.exit_now(status)
 
 
 def train():
@@ -243,19 +256,25 @@ def build_graph(task, cluster):
         batch_size=FLAGS.batch_size,
         num_preprocess_threads=FLAGS.num_preprocess_threads,
         distort=FLAGS.distort, standardize=FLAGS.standardize, seed=seed)
-  decay_steps = training_graph.decay_steps(
-      cifar10_input.num_records(FLAGS.data_dir, False),
-      FLAGS.batch_size * (replicas if sync else 1),
-      FLAGS.num_epochs_per_decay)
   with tf1.device(variable_device):
     return training_graph.build(
         images, labels, len(task.ps_hosts), task.task_index == 0,
-        (FLAGS.initial_learning_rate, decay_steps,
-         FLAGS.learning_rate_decay_factor),
+        schedule(FLAGS.batch_size * (replicas if sync else 1)),
         (replicas, len(task.worker_hosts)) if sync else None,
         tf.as_dtype(FLAGS.transfer_dtype) if cluster else None,
         FLAGS.initial_loss_scale if compute_dtype() == 'float16' else None,
-        FLAGS.loss_scale_period)
+        FLAGS.loss_scale_period, cifar10_files.num_classes(FLAGS.data_dir)[0])
+
+
+def schedule(examples_per_update):
+  """The learning rate's schedule, for updates of this many examples."""
+  return learning_rate.Schedule(
+      FLAGS.lr_schedule, FLAGS.initial_learning_rate, examples_per_update,
+      FLAGS.lr_scaling, FLAGS.warmup_steps, FLAGS.max_steps,
+      learning_rate.decay_steps(
+          cifar10_input.num_records(FLAGS.data_dir, False),
+          examples_per_update, FLAGS.num_epochs_per_decay),
+      FLAGS.learning_rate_decay_factor)
 
 
 def make_hooks(graph, scaffold, train_dir, task, single_process):
@@ -277,7 +296,9 @@ def make_hooks(graph, scaffold, train_dir, task, single_process):
         train_dir, FLAGS.save_checkpoint_steps, scaffold, task.ps_hosts),
               tf1.train.SummarySaverHook(
                   save_steps=FLAGS.save_summaries_steps, output_dir=train_dir,
-                  scaffold=scaffold)]
+                  scaffold=scaffold),
+              # After the first checkpoint: its read must not delay it.
+              training_session.LearningRateLine(graph)]
   if graph.loss_scaling and is_chief:
     hooks.append(training_session.SkippedSteps(graph.loss_scaling.after))
   if FLAGS.trace_steps:
@@ -310,9 +331,10 @@ def train_worker(task, cluster):
   # Only now, with the data checked and the port ours, touch train_dir: a
   # mistake on the command line must not cost a --fresh_start deletion.
   checkpoints.prepare(train_dir, is_chief, FLAGS.fresh_start)
-  resume = training_session.chief_start(
+  resume = (training_session.chief_start(
       train_dir, cifar10_files.identity(FLAGS.data_dir), FLAGS.new_data,
-      FLAGS.max_steps, len(task.ps_hosts)) if is_chief else None
+      FLAGS.max_steps, len(task.ps_hosts), graph.schedule) if is_chief
+            else None)
   scaffold = training_graph.scaffold(graph)
   hooks = make_hooks(graph, scaffold, train_dir, task, cluster is None)
   try:

@@ -12,6 +12,7 @@ import tensorflow as tf
 from tensorflow.python.ops import variables as tf_variables
 
 import cifar10_model
+import learning_rate
 import ps_placement
 
 tf1 = tf.compat.v1
@@ -21,7 +22,8 @@ DROPOUT_KEEP_PROB = 0.8  # The reference's.
 # The tensors and ops a worker's session loop and hooks need.
 TrainingGraph = collections.namedtuple(
     'TrainingGraph',
-    'global_step loss accuracy step_after sync_opt loss_scaling')
+    'global_step loss accuracy step_after sync_opt loss_scaling '
+    'learning_rate schedule')
 
 
 def devices(cluster, task_index, num_gpus):
@@ -37,16 +39,6 @@ def devices(cluster, task_index, num_gpus):
   worker = '/job:worker/task:%d' % task_index
   return (worker + '/cpu:0',
           ps_placement.device_setter(cluster, worker + compute))
-
-
-def decay_steps(num_train_records, examples_per_step, num_epochs_per_decay):
-  """Global steps between learning-rate decays, counting real examples.
-
-  In synchronous training a global step consumes replicas_to_aggregate
-  batches; in asynchronous training, one.
-  """
-  steps_per_epoch = num_train_records / float(examples_per_step)
-  return max(1, int(steps_per_epoch * num_epochs_per_decay))
 
 
 def wire_getter(dtype):
@@ -328,17 +320,17 @@ def optimize(loss, lr, global_step, sync, colocate, loss_scale=None,
                            colocate_gradients_with_ops=colocate), scaled
 
 
-def build(images, labels, num_ps, is_chief, learning_rate, sync=None,
+def build(images, labels, num_ps, is_chief, schedule, sync=None,
           transfer_dtype=None, loss_scale=None,
-          loss_scale_period=LossScaled.INCREMENT_PERIOD):
+          loss_scale_period=LossScaled.INCREMENT_PERIOD,
+          num_classes=cifar10_model.NUM_CLASSES):
   """Builds the model, loss and train op in the current device scope.
 
   Args:
     images, labels: A training batch.
     num_ps: The ps tasks the variables are spread over (0: none).
     is_chief: Whether this is worker 0.
-    learning_rate: (initial rate, decay steps, decay factor), the
-      reference's staircase schedule.
+    schedule: The learning rate's learning_rate.Schedule.
     sync: (replicas_to_aggregate, total workers) for SyncReplicasOptimizer;
       None for asynchronous training or one process.
     transfer_dtype: What the weights and their gradients cross the network
@@ -346,6 +338,7 @@ def build(images, labels, num_ps, is_chief, learning_rate, sync=None,
       without a network (one process).
     loss_scale: The initial loss scale, for float16 compute; None for none.
     loss_scale_period: Good steps in a row that double the loss scale.
+    num_classes: The logits' size: the data's classes.
 
   Returns:
     A TrainingGraph. Running step_after runs one training step.
@@ -354,13 +347,12 @@ def build(images, labels, num_ps, is_chief, learning_rate, sync=None,
   with tf1.variable_scope('', partitioner=ps_placement.partitioner(num_ps),
                           custom_getter=wire_getter(transfer_dtype)):
     logits = cifar10_model.inference(images, is_training=True,
-                                     dropout_keep_prob=DROPOUT_KEEP_PROB)
+                                     dropout_keep_prob=DROPOUT_KEEP_PROB,
+                                     num_class=num_classes)
   loss = cifar10_model.loss(logits, labels)
   accuracy = tf.reduce_mean(tf.cast(
       tf1.nn.in_top_k(logits, labels, 1), tf.float32), name='batch_accuracy')
-  initial, steps, factor = learning_rate
-  lr = tf1.train.exponential_decay(initial, global_step, steps, factor,
-                                   staircase=True)
+  lr = learning_rate.rate(schedule, global_step)
   opt, minimize, scaled = optimize(
       loss, lr, global_step, sync,
       colocate=transfer_dtype not in (None, tf.float32),
@@ -384,7 +376,7 @@ def build(images, labels, num_ps, is_chief, learning_rate, sync=None,
   if scaled:
     tf1.summary.scalar('loss_scale', scaled.scale.read_value())
   return TrainingGraph(global_step, loss, accuracy, step_after,
-                       opt if sync else None, scaled)
+                       opt if sync else None, scaled, lr, schedule)
 
 
 def averages_of_weights():

@@ -12,7 +12,7 @@ run_step recovers from a lost task that TensorFlow reports as a cancelled
 step; TimeLeft estimates the time to --max_steps; TraceSteps writes Chrome
 traces of chosen steps, with the bytes they moved;
 StopOnSignal makes SIGINT/SIGTERM checkpoint (on the chief) and exit even
-while a step is blocked.
+while a step is blocked; LearningRateLine says the chief's learning rate.
 """
 
 import collections
@@ -29,6 +29,7 @@ from tensorflow.python.client import timeline
 
 import checkpoints
 import cluster_runtime
+import learning_rate
 import ps_placement
 import tf_log_filter
 import training_graph
@@ -165,10 +166,32 @@ class SkippedSteps(tf1.train.SessionRunHook):
                    'is now %g' % (skipped, scale))
 
 
-def chief_start(train_dir, data, new_data, max_steps, num_ps):
+class LearningRateLine(tf1.train.SessionRunHook):
+  """The chief's line about its learning rate: the schedule, and the rate
+  at the global step it starts (or resumes, or recovers) from."""
+
+  def __init__(self, graph):
+    """Args: graph: The training_graph.TrainingGraph."""
+    self.graph = graph
+    self.reads = None
+
+  def begin(self):
+    # The rate of the step read, from that one read: the other workers may
+    # move the global step between two.
+    step = self.graph.global_step.read_value()
+    self.reads = [step, learning_rate.rate(self.graph.schedule, step)]
+
+  def after_create_session(self, session, coord):
+    step, rate = session.run(self.reads)
+    print('Worker 0: learning rate: %s; %.4g at global step %d' % (
+        learning_rate.describe(self.graph.schedule), rate, step), flush=True)
+
+
+def chief_start(train_dir, data, new_data, max_steps, num_ps, schedule):
   """What the chief says and checks before its session: the data it trains
-  on (checkpoints.check_data_record), what it resumes, a run already at
-  max_steps, and what each ps holds.
+  on (checkpoints.check_data_record), what it resumes, a schedule of the
+  learning rate that changed, a run already at max_steps, and what each ps
+  holds.
 
   Args:
     train_dir: --train_dir, made.
@@ -176,6 +199,7 @@ def chief_start(train_dir, data, new_data, max_steps, num_ps):
     new_data: --new_data.
     max_steps: --max_steps.
     num_ps: The ps tasks.
+    schedule: The learning_rate.Schedule of this run.
 
   Returns:
     The checkpoints.Resume to resume from, or None.
@@ -184,6 +208,8 @@ def chief_start(train_dir, data, new_data, max_steps, num_ps):
                                     say_as_chief, training_graph.can_rebuild)
   checkpoints.check_data_record(train_dir, data, resume, new_data,
                                 say_as_chief)
+  checkpoints.check_schedule_record(train_dir, schedule, resume,
+                                    say_as_chief)
   if resume and resume.step >= max_steps:
     say_as_chief('%s is at global step %d, at or past --max_steps=%d: '
                  'nothing to train, it stops at once (raise --max_steps to '

@@ -43,12 +43,11 @@ COLUMNS = 8
 
 def class_names(data_dir):
   """The class names of batches.meta.txt, one a line; '0'..'9' without it."""
-  path = os.path.join(data_dir, 'batches.meta.txt')
+  path = os.path.join(data_dir, cifar10_input.META_FILE)
   if not os.path.exists(path):
     return [str(i) for i in range(cifar10_input.NUM_CLASSES)]
-  with open(path) as f:
-    names = [line.strip() for line in f if line.strip()]
-  return names[:cifar10_input.NUM_CLASSES]
+  with open(path, errors='replace') as f:
+    return [line.strip() for line in f if line.strip()]
 
 
 def read_records(path, num, seed):
@@ -87,8 +86,9 @@ def misclassified(data_dir, train_dir, num):
   images = records[:, 1:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
   with tf.Graph().as_default():
     x = tf1.placeholder(tf.float32, [None, 32, 32, 3])
-    logits = cifar10_model.inference(tf.image.per_image_standardization(x),
-                                     is_training=False)
+    logits = cifar10_model.inference(
+        tf.image.per_image_standardization(x), is_training=False,
+        num_class=cifar10_input.num_classes(data_dir)[0])
     tf1.train.get_or_create_global_step()
     averaged, raw = cifar10_eval.restorers()
     saver = averaged if cifar10_eval.has_averages(checkpoint) else raw

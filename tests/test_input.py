@@ -1,6 +1,7 @@
 """The binary reader and its queue, on hand-made and synthetic records."""
 
 import os
+import pathlib
 
 import numpy as np
 import pytest
@@ -163,7 +164,19 @@ def test_seed_changes_the_order(tiny_data):
      'has 0 bytes'),
     (lambda d: (os.makedirs(d),
                 np.full(3073 * 3, 10, np.uint8).tofile(d + '/data_batch_1.bin')),
-     'record 0 has label 10, but labels must be 0..9'),
+     "record 0 has label 10, but labels must be 0..9 (CIFAR-10's 10 classes; "
+     'for more, list their names in batches.meta.txt)'),
+    # Your own data: its classes are the names of batches.meta.txt.
+    (lambda d: (os.makedirs(d),
+                pathlib.Path(d, 'batches.meta.txt').write_text('a\nb\n\nc\n\n'),
+                np.full(3073, 3, np.uint8).tofile(d + '/data_batch_1.bin')),
+     'record 0 has label 3, but labels must be 0..2 (%s/batches.meta.txt '
+     'names 3 classes)'),
+    (lambda d: (os.makedirs(d),
+                pathlib.Path(d, 'batches.meta.txt').write_text('x\n' * 257),
+                np.zeros(3073, np.uint8).tofile(d + '/data_batch_1.bin')),
+     '%s/batches.meta.txt names 257 classes, but a label byte holds at most '
+     '256'),
 ])
 def test_bad_data_is_reported_before_any_graph_is_built(tmp_path, setup,
                                                          message):
@@ -173,8 +186,27 @@ def test_bad_data_is_reported_before_any_graph_is_built(tmp_path, setup,
     with pytest.raises(cifar10_input.DataError) as err:
       cifar10_input.generate_batch_inputs(False, True, data_dir, 8)
     assert not graph.get_operations()
-  assert message in str(err.value)
+  assert message.replace('%s', data_dir) in str(err.value)
   assert '\n' not in str(err.value)
+
+
+@pytest.mark.parametrize('meta, labels, classes', [
+    ('a\nb\n\nc\n\n', [0, 2, 1], 3),        # Blank lines are no classes.
+    ('\n'.join('c%d' % i for i in range(256)), [255, 11], 256),
+    ('\n\n', [9, 0], 10),                       # No names: CIFAR-10's 10.
+    (None, [9], 10)])
+def test_the_classes_are_those_batches_meta_names(tmp_path, meta, labels,
+                                                  classes):
+  data_dir = tmp_path / 'data'
+  os.makedirs(data_dir)
+  if meta is not None:
+    (data_dir / 'batches.meta.txt').write_text(meta)
+  records = np.zeros((len(labels), 3073), np.uint8)
+  records[:, 0] = labels
+  records.tofile(str(data_dir / 'data_batch_1.bin'))
+  assert cifar10_input.num_classes(str(data_dir))[0] == classes
+  assert cifar10_input.check_data(str(data_dir), eval_data=False)[1] == len(
+      labels)
 
 
 def test_missing_test_file(handmade):

@@ -172,7 +172,8 @@ def test_bad_data_is_one_line_before_any_task(tmp_path, tiny_data,
   assert proc.returncode == 2, proc.stdout + proc.stderr
   assert proc.stderr.splitlines() == [
       'Error: %s/data_batch_2.bin: record 0 has label 12, but labels must be '
-      '0..9: the file is corrupt or not CIFAR-10 data' % data_dir]
+      '0..9 (%s/batches.meta.txt names 10 classes): the file is corrupt, or '
+      'not CIFAR-10 data' % (data_dir, data_dir)]
   assert 'Cluster:' not in proc.stdout  # No task was started.
   assert not os.listdir(tmp_path / 'logs')
 

@@ -3,6 +3,7 @@ an earlier release's checkpoint, a checkpoint rewritten under its name.
 Real processes (the restart soak is tests/test_soak.py)."""
 
 import glob
+import json
 import os
 import re
 import signal
@@ -221,7 +222,9 @@ def test_an_earlier_release_checkpoint_resumes_with_averages_from_weights(
   # 2 ps (two kernels are split), one synchronous worker: nothing updates
   # the model before the chief saves what it resumed.
   flags = cluster_flags(tiny_data, train_dir, num_workers=1, num_ps=2)
-  start_cluster(procs, flags + ['--max_steps=12'], num_workers=1, num_ps=2)
+  # And a schedule of the learning rate that the earlier release had not.
+  start_cluster(procs, flags + ['--max_steps=12', '--lr_schedule=cosine'],
+                num_workers=1, num_ps=2)
   assert set(procs.wait_all(timeout=180).values()) == {0}, procs.tails()
   log = procs.log('worker0')
   path = os.path.join(train_dir, 'model.ckpt-7')
@@ -231,6 +234,13 @@ def test_an_earlier_release_checkpoint_resumes_with_averages_from_weights(
           'from its weights' % (path, len(weights))) in log, log
   assert 'fresh_start' not in log and 'Error' not in log, log
   assert 'Worker 0: resuming from %s' % path in log
+  # Its learning rate was the reference's: the chief says that it changes.
+  assert ("Worker 0: %s was trained with the learning rate of an earlier "
+          "release (the reference's exponential schedule, unscaled, no "
+          "warmup); from global step 7 on it follows this one (--lr_schedule "
+          "exponential -> cosine); give every task the earlier flags to keep "
+          "it: --lr_schedule=exponential --lr_scaling=none --warmup_steps=0" %
+          train_dir) in log, log
   assert checkpoint_step(train_dir) == 12
   # The chief saved what it resumed from at once, under the same name: its
   # weights and its averages are the old checkpoint's weights, exactly.
@@ -240,6 +250,54 @@ def test_an_earlier_release_checkpoint_resumes_with_averages_from_weights(
     assert np.array_equal(reader.get_tensor(name), old[name]), name
     assert np.array_equal(
         reader.get_tensor(name + '/ExponentialMovingAverage'), old[name]), name
+
+
+def test_a_resumed_run_says_when_its_learning_rate_changed(procs, tiny_data,
+                                                           tmp_path):
+  train_dir = str(tmp_path / 'train')
+  flags = single_process_flags(tiny_data, train_dir)
+  procs.trainer('first', '--max_steps=10', *flags)
+  assert procs.wait_all(timeout=120)['first'] == 0, procs.tails()
+  assert not re.search('trained with|follows this one|cannot be read',
+                       procs.log('first')), procs.log('first')
+  record = os.path.join(train_dir, 'learning_rate.json')
+  # Batches of 16 from 200 records: 12.5 steps an epoch, 350 epochs a decay.
+  with open(record) as f:
+    assert json.load(f) == {
+        'kind': 'exponential', 'initial': 0.1, 'examples_per_update': 16,
+        'scaling': 'none', 'warmup_steps': 0, 'max_steps': 10,
+        'decay_steps': 4375, 'decay_factor': 0.1}
+  # A new --max_steps moves the cosine schedule: said, and recorded.
+  procs.trainer('longer', '--max_steps=20', *flags)
+  assert procs.wait_all(timeout=120)['longer'] == 0, procs.tails()
+  assert ('Worker 0: %s was trained with another learning-rate schedule; '
+          'from global step 10 on it follows this one (--max_steps 10 -> '
+          '20); give every task the earlier flags to keep it' % train_dir
+          ) in procs.log('longer').splitlines(), procs.log('longer')
+  with open(record) as f:
+    assert json.load(f)['max_steps'] == 20
+  # The same command again: nothing changed, nothing said or written.
+  with open(record, 'rb') as f:
+    written = f.read()
+  procs.trainer('again', '--max_steps=20', *flags)
+  assert procs.wait_all(timeout=120)['again'] == 0, procs.tails()
+  assert not re.search('trained with|follows this one|cannot be read',
+                       procs.log('again')), procs.log('again')
+  with open(record, 'rb') as f:
+    assert f.read() == written
+  # A damaged record is said, not taken for an earlier release's, and
+  # written again.
+  with open(record, 'w') as f:
+    f.write('{"kind": ')
+  procs.trainer('damaged', '--max_steps=20', *flags)
+  assert procs.wait_all(timeout=120)['damaged'] == 0, procs.tails()
+  log = procs.log('damaged')
+  assert re.search(r'^Worker 0: %s cannot be read \(.+\): it is written '
+                   r'again, with this run\'s learning rate$' % re.escape(
+                       record), log, re.M), log
+  assert 'earlier release' not in log and 'follows this one' not in log, log
+  with open(record, 'rb') as f:
+    assert f.read() == written
 
 
 def test_evaluator_evaluates_a_checkpoint_written_again_under_its_name(

@@ -6,6 +6,7 @@ import tensorflow as tf
 import cifar10_model
 import ps_placement
 import checkpoints
+import learning_rate
 
 tf1 = tf.compat.v1
 
@@ -112,9 +113,11 @@ def test_the_moving_averages_stay_on_their_ps(sync, loss_scale):
       images = tf1.placeholder(tf.float32, [4, 32, 32, 3])
       labels = tf1.placeholder(tf.int32, [4])
     with tf1.device(variables):
-      training_graph.build(images, labels, 2, True, (0.1, 100, 0.1),
-                           sync=(2, 2) if sync else None,
-                           transfer_dtype=tf.float32, loss_scale=loss_scale)
+      training_graph.build(
+          images, labels, 2, True, learning_rate.Schedule(
+              'exponential', 0.1, 128, 'none', 0, 100, 100, 0.1),
+          sync=(2, 2) if sync else None, transfer_dtype=tf.float32,
+          loss_scale=loss_scale)
   by_name = {op.name: op for op in graph.get_operations()}
   averaged = 0
   for op in graph.get_operations():

@@ -7,6 +7,7 @@ which worker did how many steps.
 """
 
 import json
+import math
 import os
 import re
 import socket
@@ -22,6 +23,8 @@ LOADS = re.compile(r'^Worker 0: ps (\d+) holds (\d+) variables, (\d+) bytes',
                    re.M)
 
 SYNC, ASYNC = [], ['--nosync_replicas']
+# Not the reference's rate (the default): one that each shape scales.
+RATE = ['--lr_schedule=cosine', '--lr_scaling=linear']
 BACKUP = ['--replicas_to_aggregate=2']
 TRACE = ['--trace_steps=3']
 
@@ -45,7 +48,7 @@ def launch(procs, data_dir, train_dir, shape, max_steps, suffix):
   """
   num_ps, num_workers, extra = shape
   flags = cluster_flags(data_dir, train_dir, num_workers, num_ps) + extra + [
-      '--max_steps=%d' % max_steps, '--save_checkpoint_steps=5']
+      '--max_steps=%d' % max_steps, '--save_checkpoint_steps=5'] + RATE
   start_cluster(procs, flags, num_workers, num_ps, suffix,
                 tf_config=extra == ASYNC)
   chief = procs.procs['worker0' + suffix]
@@ -77,6 +80,29 @@ def launch(procs, data_dir, train_dir, shape, max_steps, suffix):
              for i in range(num_workers)), procs.tails()
   assert_clean_logs(procs)
   return name_step, step
+
+
+def assert_rate_line(chief_log, shape, max_steps, start_step):
+  """The chief's learning-rate line is the one worked out here: batches of
+  16, RATE's cosine schedule and linear scaling from 0.1 for 128 examples,
+  and the rate at the global step it says, start_step or later: it looks
+  after its first checkpoint, and the other workers may have taken steps by
+  then (in synchronous training, too: gradients to aggregate may come from
+  one worker)."""
+  num_workers, extra = shape[1], shape[2]
+  aggregated = (1 if ASYNC[0] in extra else 2 if BACKUP[0] in extra
+                else num_workers)
+  top = 0.1 * 16 * aggregated / 128
+  found = re.search(
+      r'^Worker 0: learning rate: cosine from %s \(0\.1 x %d/128 examples '
+      r'per update, --lr_scaling=linear\) to 0 at step %d; (\S+) at global '
+      r'step (\d+)$' % (re.escape('%.4g' % top), 16 * aggregated, max_steps),
+      chief_log, re.M)
+  assert found, chief_log
+  step = int(found.group(2))
+  assert start_step <= step <= max_steps
+  assert found.group(1) == '%.4g' % (
+      top * 0.5 * (1 + math.cos(math.pi * step / max_steps)))
 
 
 def assert_balanced(chief_log, num_ps):
@@ -156,6 +182,7 @@ def test_shape_trains_to_max_steps_and_resumes(procs, tiny_data, tmp_path,
   assert_steps(first, name_step, step, 10)
   chief = procs.log('worker0')
   assert_balanced(chief, first[0])
+  assert_rate_line(chief, first, 10, 0)
   with open(os.path.join(train_dir, 'graph.pbtxt')) as f:
     # Asynchronous means no SyncReplicasOptimizer queues in the graph.
     assert ('sync_token_q' in f.read()) == (first[2] != ASYNC)
@@ -181,6 +208,8 @@ def test_shape_trains_to_max_steps_and_resumes(procs, tiny_data, tmp_path,
   assert 'Worker 0: resuming from %s/model.ckpt-%d' % (train_dir,
                                                        name_step) in chief
   assert_balanced(chief, second[0])
+  # The schedule goes on from the step it resumed at.
+  assert_rate_line(chief, second, 20, step)
   after = tf.train.load_variable(train_dir, 'InceptionResnetV2/Logits/weights')
   assert before.shape == after.shape == (768, 10)
   assert not np.array_equal(before, after)

@@ -51,15 +51,16 @@ def test_each_wait_says_what_it_waits_for(procs, tiny_data, tmp_path):
   start('worker2', 'worker', 2)
   procs.wait_for_line('worker0', 'Worker 0: all 3 workers have joined',
                       LINE_SECS)
+  # Nothing but the suite's lines: TensorFlow's own "still waiting" INFO
+  # lines and the cancelled connection attempts stay out. (Checked before
+  # the chief goes: a ps may then say that a step's transfer from it broke.)
+  assert_clean_logs(procs)
   procs.procs['worker0'].send_signal(signal.SIGTERM)
   procs.wait_for_line('worker0', 'Worker 0: SIGTERM: wrote', 30)
   assert procs.procs['worker0'].wait(30) == 143
   for name in ('worker0', 'worker1'):
     log = procs.log(name)
     assert 'Traceback' not in log, log
-  # Nothing but the suite's lines: TensorFlow's own "still waiting" INFO
-  # lines and the cancelled connection attempts stay out.
-  assert_clean_logs(procs)
   assert checkpoint_step(train_dir) > 0
 
 
