@@ -14,6 +14,7 @@ import os
 import socket
 import sys
 import threading
+import time
 
 import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
@@ -24,9 +25,15 @@ from cluster_config import UsageError
 tf1 = tf.compat.v1
 
 # TensorFlow's own "CreateSession still waiting" note (an INFO line, hidden)
-# comes every 10 s; ours too, and then less often.
+# comes every 10 s; ours too, and then less often (--wait_report_secs).
 WAIT_REPORT_SECS = 10
 WAIT_REPEAT_SECS = 20
+
+
+def report_waits_after(secs):
+  """A wait is named after secs, then every 2 x secs."""
+  global WAIT_REPORT_SECS, WAIT_REPEAT_SECS
+  WAIT_REPORT_SECS, WAIT_REPEAT_SECS = secs, 2 * secs
 
 
 def intra_op_threads(worker_hosts, task_index):
@@ -286,7 +293,29 @@ def run_ps(cluster, task_index):
   print('ps %d: all %d worker(s) finished; exiting' % (task_index,
                                                       len(workers)),
         flush=True)
+  # The last worker may still be posting to the other ps tasks.
+  wait_for_exit(workers, DONE_TIMEOUT_SECS * (cluster.num_tasks('ps') - 1) +
+                WORKERS_EXIT_SECS)
   return 0
+
+
+# How long a ps that has every done post waits for the workers to exit,
+# beyond the time they may take to post to the other ps tasks.
+WORKERS_EXIT_SECS = 3
+
+
+def wait_for_exit(workers, secs):
+  """Waits, at most secs, until no worker takes a connection.
+
+  A worker's session cleans up on the ps tasks after its done posts, in the
+  background; a ps that went first would fail that clean-up, loudly, in
+  the worker's log. A worker exits right after its posts, and its port
+  then refuses connections.
+  """
+  deadline = time.time() + secs
+  while (len(unreachable(workers, timeout=0.2)) < len(workers) and
+         time.time() < deadline):
+    time.sleep(0.05)
 
 
 # How long a worker at the end waits for each ps to take its done post.

@@ -145,6 +145,8 @@ flags.DEFINE_float('initial_loss_scale', 32768.0, 'Worker, with float16: the '
                    'loss scale to start from (TensorFlow\'s default).')
 flags.DEFINE_integer('loss_scale_period', 2000, 'Worker, with float16: good '
                      'steps in a row that double the loss scale.')
+flags.DEFINE_integer('wait_report_secs', 10, 'Seconds a task waits for '
+                     'another before it names it; again every twice that.')
 flags.DEFINE_enum('transfer_dtype', 'float32', ['float32', 'bfloat16'],
                   'Worker in a cluster: what weights and gradients cross the '
                   'network as; the ps accumulates and applies in float32.')
@@ -173,7 +175,8 @@ def check_flags():
   apply_tf_config()
   for name in ('batch_size', 'max_steps', 'save_checkpoint_steps',
                'save_summaries_steps', 'log_frequency',
-               'num_preprocess_threads', 'loss_scale_period'):
+               'num_preprocess_threads', 'loss_scale_period',
+               'wait_report_secs'):
     if getattr(FLAGS, name) < 1:
       raise cluster_config.UsageError('--%s must be at least 1 (got %d)' %
                                       (name, getattr(FLAGS, name)))
@@ -215,15 +218,15 @@ def main(_):
           checkpoints.TrainDirError, checkpoints.WriteError) as e:
     print('Error: %s' % e, file=sys.stderr)
     status = 3 if isinstance(e, checkpoints.LostPsError) else 2
-  if FLAGS.job_name == 'ps':  # Up through Python's teardown: the workers
-    return status  # close their sessions on its server meanwhile.
-  # All is written (the summary hook flushed): skip the 1.6 s teardown.
+  # All is written (the summary hook flushed; a ps waited for the workers
+  # to exit): skip Python's 1.4-1.6 s teardown of TensorFlow.
   training_session.exit_now(status)
 
 
 def train():
   """Runs this task; returns the process exit status."""
   task = check_flags()
+  cluster_runtime.report_waits_after(FLAGS.wait_report_secs)
   tf.get_logger().addFilter(training_session.ReportLostTask(task.task_index))
   print('job_name : %s' % task.job_name)
   print('task_index : %d' % task.task_index)

@@ -220,16 +220,16 @@ def test_interrupting_the_script_stops_everything_it_started(
       s.listen()
 
 
-def test_evaluator_counts_every_test_record_exactly_once(tmp_path, tiny_data):
+def test_evaluator_counts_every_test_record_exactly_once(procs, tmp_path,
+                                                        tiny_data):
   train_dir = str(tmp_path / 'train')
   common = ['--data_dir=' + tiny_data, '--train_dir=' + train_dir,
             '--batch_size=16', '--num_preprocess_threads=2']
-  trainer = os.path.join(ROOT, 'train_distributed.py')
-  subprocess.run([sys.executable, trainer, '--ps_hosts=', '--max_steps=8'] +
-                 common, check=True, capture_output=True, timeout=120)
-  out = subprocess.run([sys.executable, trainer, '--job_name=evaluator',
-                        '--run_once'] + common, check=True,
-                       capture_output=True, text=True, timeout=120).stdout
+  procs.trainer('single', '--ps_hosts=', '--max_steps=8', *common)
+  assert procs.wait_all(timeout=120) == {'single': 0}, procs.tails()
+  procs.trainer('evaluator', '--job_name=evaluator', '--run_once', *common)
+  assert procs.wait_all(timeout=120)['evaluator'] == 0, procs.tails()
+  out = procs.log('evaluator')
   got = re.search(r'step 8, loss = (\d+\.\d\d) ,Test accuracy = (\d\.\d{4}) '
                   r'\((\d+) examples\)', out)
   assert got, out
@@ -285,7 +285,7 @@ def assert_show_inputs(tmp_path, data_dir, train_dir, wrong):
   assert (width, height) == (979, int(3 * 1.3 * 1.7 * 72)), (width, height)
 
 
-def test_evaluator_reads_a_checkpoint_without_moving_averages(tmp_path,
+def test_evaluator_reads_a_checkpoint_without_moving_averages(procs, tmp_path,
                                                              tiny_data):
   # Written as a run of an earlier version did: the weights, no averages.
   train_dir = str(tmp_path / 'train')
@@ -296,11 +296,10 @@ def test_evaluator_reads_a_checkpoint_without_moving_averages(tmp_path,
       sess.run(tf1.global_variables_initializer())
       tf1.train.Saver().save(sess, os.path.join(train_dir, 'model.ckpt'),
                              global_step=0)
-  out = subprocess.run(
-      [sys.executable, os.path.join(ROOT, 'train_distributed.py'),
-       '--job_name=evaluator', '--run_once', '--data_dir=' + tiny_data,
-       '--train_dir=' + train_dir], check=True, capture_output=True,
-      text=True, timeout=120).stdout
+  procs.trainer('evaluator', '--job_name=evaluator', '--run_once',
+                '--data_dir=' + tiny_data, '--train_dir=' + train_dir)
+  assert procs.wait_all(timeout=120) == {'evaluator': 0}, procs.tails()
+  out = procs.log('evaluator')
   assert ('Evaluator: %s/model.ckpt-0 has no moving averages of the weights '
           '(an older run); evaluating its weights as they are' % train_dir
           ) in out, out

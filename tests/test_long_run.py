@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import signal
 
 import numpy as np
@@ -63,19 +64,24 @@ def test_restarts_trim_what_an_earlier_release_left(procs, tiny_data,
 
 
 # 1 and 2 ps, sync and async; 2 ps sync in tests/test_soak.py.
-@pytest.mark.parametrize('num_ps, sync', [(2, False), (1, True)],
+# Asynchronous, worker 1 trains alone until it sees the chief gone (6-8 s),
+# and again as soon as the chief's port is back: leave steps for the chief.
+@pytest.mark.parametrize('num_ps, sync, max_steps', [(2, False, 400),
+                                                     (1, True, 100)],
                          ids=['2ps_async', '1ps_sync'])
 def test_a_lost_chief_is_said_and_its_return_keeps_the_ps_model(
-    procs, tiny_data, tmp_path, num_ps, sync):
+    procs, tiny_data, tmp_path, num_ps, sync, max_steps):
   train_dir = str(tmp_path / 'train')
-  max_steps = 240
   flags = cluster_flags(tiny_data, train_dir, num_ps=num_ps) + [
-      '--max_steps=%d' % max_steps, '--save_checkpoint_steps=20'] + (
-          [] if sync else ['--nosync_replicas'])
+      '--max_steps=%d' % max_steps, '--save_checkpoint_steps=20',
+      '--log_frequency=1'] + ([] if sync else ['--nosync_replicas'])
   chief = flags[1].split('=')[1].split(',')[0]
   start_cluster(procs, flags, num_ps=num_ps)
-  wait_until(lambda: latest_step(train_dir) >= 20, 120, 'checkpoint 20',
-             procs)
+  # Killed with steps on the ps past the last checkpoint (and seen by
+  # worker 1), which a chief restoring it would throw away.
+  wait_until(lambda: latest_step(train_dir) >= 20 and max(printed_steps(
+      procs.log('worker1')) or [0]) >= latest_step(train_dir) + 5, 120,
+             'worker 1 past checkpoint 20', procs)
   kill9(procs, 'worker0')
   saved = latest_step(train_dir)
   lost = ('Worker 1: lost the chief, worker 0 at %s (Connection refused); no '
@@ -85,6 +91,7 @@ def test_a_lost_chief_is_said_and_its_return_keeps_the_ps_model(
   # Within about 30 s (it says so 6 to 8 s after the chief is gone).
   procs.wait_for_line('worker1', lost, 30)
   before = printed_steps(procs.log('worker1'))
+  assert max(before) > saved, (before, saved)
   waiting = procs.log('worker1')
   procs.trainer('worker0_again', '--job_name=worker', '--task_index=0',
                 *flags)
@@ -229,9 +236,10 @@ def test_an_earlier_release_checkpoint_resumes_with_averages_from_weights(
   log = procs.log('worker0')
   path = os.path.join(train_dir, 'model.ckpt-7')
   weights = [n for n in old if n.endswith(('weights', 'biases', 'beta'))]
-  assert ('Worker 0: %s has no moving averages of the weights (an earlier '
-          'release wrote it): resuming from it, the %d averages starting '
-          'from its weights' % (path, len(weights))) in log, log
+  assert log.count(
+      'Worker 0: %s has no moving averages of the weights (an earlier '
+      'release wrote it): resuming from it, the %d averages starting '
+      'from its weights' % (path, len(weights))) == 1, log
   assert 'fresh_start' not in log and 'Error' not in log, log
   assert 'Worker 0: resuming from %s' % path in log
   # Its learning rate was the reference's: the chief says that it changes.
@@ -323,3 +331,30 @@ def test_evaluator_evaluates_a_checkpoint_written_again_under_its_name(
   results = re.findall(r': step (\d+), loss = \S+ ,Test accuracy = \d\.\d{4} '
                        r'\(50 examples\)', procs.log('evaluator'))
   assert results[-1] == '20', procs.log('evaluator')
+  # Once each: the damaged one said once, the good one evaluated once.
+  assert results.count('20') == 1, results
+  assert procs.log('evaluator').count('cannot read the checkpoint') == 1
+
+
+EMPTY_TEST_SET = (
+    'Error: %s/test_batch.bin has 0 bytes, not a positive multiple of the '
+    '3073-byte CIFAR-10 record: the file is truncated or not CIFAR-10 binary '
+    'data; download or generate it again')
+
+
+def test_evaluator_on_an_empty_test_set_is_one_line(procs, tiny_data,
+                                                   tmp_path):
+  data_dir = str(tmp_path / 'data')
+  shutil.copytree(tiny_data, data_dir)
+  open(os.path.join(data_dir, 'test_batch.bin'), 'w').close()  # 0 bytes.
+  train_dir = str(tmp_path / 'train')
+  procs.trainer('first', '--max_steps=5',
+                *single_process_flags(tiny_data, train_dir))
+  assert procs.wait_all(timeout=120)['first'] == 0, procs.tails()
+  procs.trainer('evaluator', '--job_name=evaluator', '--run_once',
+                '--data_dir=' + data_dir, '--train_dir=' + train_dir)
+  assert procs.wait_all(timeout=120)['evaluator'] == 2, procs.tails()
+  log = procs.log('evaluator')
+  errors = [l for l in log.splitlines() if l.startswith('Error')]
+  assert errors == [EMPTY_TEST_SET % data_dir], log
+  assert 'Traceback' not in log, log

@@ -72,4 +72,4 @@ def test_the_entry_point_is_short():
   # Its flags grow with the suite (the learning rate's three took it past
   # 400); the rest stays in the modules it calls.
   with open(os.path.join(ROOT, 'train_distributed.py')) as f:
-    assert len(f.read().splitlines()) <= 420
+    assert len(f.read().splitlines()) <= 425

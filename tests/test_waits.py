@@ -1,20 +1,22 @@
 """Every wait names what it waits for: a ps not started, a chief that has
 not initialized the model, a worker that never joined, a worker that never
 said it was done. Real processes on free ports, started out of order, as a
-new user does. Each line comes after cluster_runtime.WAIT_REPORT_SECS and
-again every WAIT_REPEAT_SECS; these tests wait for the lines themselves.
+new user does. Each line comes after --wait_report_secs (10 s unless given;
+2 s here) and again every twice that; these tests wait for the lines
+themselves.
 """
 
 import signal
+import time
 
-import cluster_runtime
 from test_cluster import FAST, assert_clean_logs, checkpoint_step
 from test_cluster import cluster_flags
+from test_faults import wait_until
 
+REPORT = ['--wait_report_secs=2']
 # The first line, the repeat, and the time it takes a loaded machine to
 # import TensorFlow and start a task.
-LINE_SECS = (cluster_runtime.WAIT_REPORT_SECS +
-             cluster_runtime.WAIT_REPEAT_SECS + 60)
+LINE_SECS = 2 + 4 + 60
 
 
 def hosts(flags, name):
@@ -25,7 +27,7 @@ def hosts(flags, name):
 def test_each_wait_says_what_it_waits_for(procs, tiny_data, tmp_path):
   train_dir = str(tmp_path / 'train')
   flags = cluster_flags(tiny_data, train_dir, num_workers=3) + [
-      '--max_steps=1000000']
+      '--max_steps=1000000'] + REPORT
   ps, workers = hosts(flags, 'ps_hosts'), hosts(flags, 'worker_hosts')
 
   def start(name, job, index):
@@ -67,7 +69,7 @@ def test_each_wait_says_what_it_waits_for(procs, tiny_data, tmp_path):
 def test_ps_names_the_workers_it_waits_for_at_the_end(procs, tiny_data,
                                                      tmp_path):
   train_dir = str(tmp_path / 'train')
-  flags = cluster_flags(tiny_data, train_dir) + ['--max_steps=20']
+  flags = cluster_flags(tiny_data, train_dir) + ['--max_steps=20'] + REPORT
   workers = hosts(flags, 'worker_hosts')
   procs.trainer('ps0', '--job_name=ps', '--task_index=0', *flags)
   # The chief alone: it takes worker 1's tokens too and finishes.
@@ -75,8 +77,14 @@ def test_ps_names_the_workers_it_waits_for_at_the_end(procs, tiny_data,
   procs.wait_for_line('worker0', 'Worker 0: training finished at global step',
                       120)
   assert procs.procs['worker0'].wait(30) == 0
-  procs.wait_for_line('ps0', 'ps 0: 1 of 2 worker(s) finished; still waiting '
-                      'for worker 1 at %s to finish' % workers[1], LINE_SECS)
+  still = ('ps 0: 1 of 2 worker(s) finished; still waiting for worker 1 at '
+           '%s to finish' % workers[1])
+  procs.wait_for_line('ps0', still, LINE_SECS)
+  # Again after 2 x --wait_report_secs (the default would take 20 s).
+  first = time.time()
+  wait_until(lambda: procs.log('ps0').count(still) == 2, 30, 'the repeat',
+             procs)
+  assert 2 <= time.time() - first <= 12
   # Worker 1, late: it finds the run over, says so, and the ps goes too.
   procs.trainer('worker1', '--job_name=worker', '--task_index=1', *flags)
   assert procs.wait_all(timeout=120) == {'ps0': 0, 'worker0': 0,
