@@ -359,8 +359,11 @@ class CheckpointSaver(tf1.train.CheckpointSaverHook):
   checkpoints.WriteError, after its temporary files are removed, instead
   of a TensorFlow error inside two chained tracebacks. A save that fails
   because a ps was lost is a lost task, from which MonitoredSession
-  recovers; at the end, when there is no recovery, it raises
-  checkpoints.LostPsError naming the ps.
+  recovers. At the end, when there is no recovery, the chief says so in
+  one line naming the ps and exits 3 at once: closing the session would
+  wait for the lost ps forever (measured: TF_CloseSession blocks), and the
+  run is not done, so the ps tasks still there are not told it is; they
+  wait for the restarted chief, which resumes from the last checkpoint.
   """
 
   def __init__(self, train_dir, save_steps, scaffold, ps_hosts):
@@ -382,10 +385,15 @@ class CheckpointSaver(tf1.train.CheckpointSaverHook):
     self._ending = True
     try:
       super().end(session)  # Reads the global step, then saves.
+      return
     except cluster_runtime.LOST_TASK_ERRORS as e:  # Before the save.
-      raise checkpoints.write_failure(
+      error = checkpoints.write_failure(
           self._train_dir, None, e, cluster_runtime.lost_ps(self._ps_hosts) or
-          checkpoints.first_line(e)) from e
+          checkpoints.first_line(e))
+    except checkpoints.LostPsError as e:  # The save's (_save).
+      error = e
+    print('Error: %s' % error, file=sys.stderr, flush=True)
+    exit_now(3)
 
   def _save(self, session, step):
     try:

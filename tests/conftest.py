@@ -115,10 +115,11 @@ class ForkServer:
         raise RuntimeError('the fork server did not start (or run with '
                            'TESTS_FORKSERVER=0):\n' + log.read())
 
-  def fork(self, argv, env, log_path, netns=None):
+  def fork(self, argv, env, log_path, netns=None, fault=None):
     """Starts `python argv` in ROOT, its environment env, its output (stdout
     and stderr) appended to log_path, in the network namespace netns (a
-    name) if given; returns its ForkedProcess."""
+    name) if given, after running the Python source fault if given; returns
+    its ForkedProcess."""
     if self.proc is None:
       self.start()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
@@ -126,7 +127,8 @@ class ForkServer:
       conn.connect(os.path.join(self.dir, 'socket'))
       with conn.makefile('rw') as stream:
         stream.write(json.dumps({'argv': argv, 'env': env, 'cwd': ROOT,
-                                 'log': log_path, 'netns': netns}) + '\n')
+                                 'log': log_path, 'netns': netns,
+                                 'fault': fault}) + '\n')
         stream.flush()
         pid, number = (int(n) for n in stream.readline().split())
     return ForkedProcess(pid, os.path.join(self.dir, '%d.status' % number),
@@ -191,18 +193,24 @@ class Processes:
     self.log_dir = log_dir
     self.procs = {}
 
-  def start(self, name, args, env=None, prefix=()):
+  def start(self, name, args, env=None, prefix=(), fault=None):
     """Starts `prefix... python args...` with output to LOG_DIR/name.log.
 
     A prefix must exec Python in its own process (as `ip netns exec` does),
-    so that the PID is Python's.
+    so that the PID is Python's. A fault (Python source run in the task
+    before the trainer, see tests/forkserver.py) needs the fork server:
+    without it the test is skipped.
     """
     log_path = os.path.join(self.log_dir, name + '.log')
     full_env = suite_env(env)
     if forkable(args, full_env, prefix):
       open(log_path, 'w').close()
       proc = FORK_SERVER.fork(list(args), full_env, log_path,
-                              netns=prefix[3] if prefix else None)
+                              netns=prefix[3] if prefix else None,
+                              fault=fault)
+    elif fault:
+      pytest.skip('a fault is injected through the fork server, which '
+                  'cannot start this task (TESTS_FORKSERVER=0?)')
     else:
       with open(log_path, 'w') as log:
         proc = subprocess.Popen(list(prefix) + [sys.executable] + list(args),
@@ -211,9 +219,10 @@ class Processes:
     self.procs[name] = proc
     return proc
 
-  def trainer(self, name, *flags, env=None, prefix=()):
+  def trainer(self, name, *flags, env=None, prefix=(), fault=None):
     """Starts train_distributed.py with the given flags."""
-    return self.start(name, [TRAINER] + list(flags), env=env, prefix=prefix)
+    return self.start(name, [TRAINER] + list(flags), env=env, prefix=prefix,
+                      fault=fault)
 
   def log(self, name):
     with open(os.path.join(self.log_dir, name + '.log')) as f:

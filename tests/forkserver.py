@@ -23,7 +23,11 @@ reads it, and signals the child through a pidfd, which never reaches
 another process that got its PID.
 
 Protocol, on the Unix socket STATUS_DIR/socket: one JSON line per request,
-{"argv", "env", "cwd", "log", "netns"}; the answer is one line, "PID N".
+{"argv", "env", "cwd", "log", "netns", "fault"}; the answer is one line,
+"PID N". "fault", if given, is Python source the child runs just before
+the trainer: a test's fault at a moment no signal from outside can hit
+(tests/test_long_run.py kills a ps between a worker's last step and its
+final save or its done posts).
 With "netns" (a name made by `ip netns add`) the child joins that network
 namespace: what `ip netns exec NAME` does for the network; its other steps
 (a mount namespace, /etc/netns/NAME's files over /etc) are not done, and
@@ -148,6 +152,8 @@ def main(status_dir):
   preload()
   request = serve(status_dir)
   become(request)
+  if request.get('fault'):
+    exec(request['fault'], {})  # pylint: disable=exec-used
   import runpy  # pylint: disable=g-import-not-at-top
   runpy.run_path(sys.argv[0], run_name='__main__')
 

@@ -183,6 +183,80 @@ def test_telling_a_lost_ps_that_a_worker_is_done_is_bounded(procs, tmp_path):
   assert 10 <= stamps[1] - stamps[0] < 20, stamps
 
 
+# Run in the chief before the trainer: ps 1 is killed (and its port checked
+# closed) just before the chief's final save, or just before its done
+# posts, a window too short to hit from outside.
+KILL_PS1_BEFORE = '''
+import os, signal, time
+import cluster_runtime, training_session
+target = %(target)s
+real = getattr(target, %(name)r)
+def kill_ps1_first(*args, **kwargs):
+  os.kill(%(pid)d, signal.SIGKILL)
+  while not cluster_runtime.unreachable([%(host)r], timeout=0.2):
+    time.sleep(0.05)
+  return real(*args, **kwargs)
+setattr(target, %(name)r, kill_ps1_first)
+'''
+
+
+@pytest.mark.parametrize('moment', ['done_posts', 'final_save'])
+def test_a_ps_lost_at_the_end_is_named_and_nothing_hangs(procs, tiny_data,
+                                                         tmp_path, moment):
+  train_dir = str(tmp_path / 'train')
+  flags = cluster_flags(tiny_data, train_dir, num_ps=2, num_workers=1) + [
+      '--max_steps=25', '--save_checkpoint_steps=10']
+  ps = flags[0].split('=')[1].split(',')
+  procs.trainer('ps0', '--job_name=ps', '--task_index=0', *flags)
+  procs.trainer('ps1', '--job_name=ps', '--task_index=1', *flags)
+  target, name = {'done_posts': ('cluster_runtime', 'tell_cluster_done'),
+                  'final_save': ('training_session.CheckpointSaver', 'end')
+                  }[moment]
+  procs.trainer('worker0', '--job_name=worker', '--task_index=0', *flags,
+                fault=KILL_PS1_BEFORE % dict(
+                    target=target, name=name, host=ps[1],
+                    pid=procs.procs['ps1'].pid))
+  log = procs.log
+  if moment == 'done_posts':
+    # The last checkpoint is written; ps 0 is told, ps 1 named; done: 0.
+    assert procs.wait_all(timeout=120) == {'ps0': 0, 'ps1': -9,
+                                           'worker0': 0}, procs.tails()
+    assert checkpoint_step(train_dir) == 25
+    assert [l for l in log('worker0').splitlines()
+            if l.startswith(('Warning', 'Error'))] == [
+                'Warning: could not tell ps 1 at %s that worker 0 is done: '
+                'it cannot be reached (Connection refused); it waits for '
+                'that until it is stopped (Ctrl-C; the chief\'s checkpoints '
+                'hold the model)' % ps[1]], log('worker0')
+    assert 'Worker 0: training finished at global step 25' in log('worker0')
+  else:
+    # The last save names the lost ps, and the chief exits 3 at once; ps 0
+    # is not told that the run is done: it is not.
+    assert procs.procs['worker0'].wait(60) == 3, procs.tails()
+    assert [l for l in log('worker0').splitlines()
+            if l.startswith(('Warning', 'Error'))] == [
+                'Error: cannot write the checkpoint of step 25 in %s: ps 1 at '
+                '%s (Connection refused). The last good checkpoint, '
+                '%s/model.ckpt-20, is kept; start the lost task again, then '
+                'this one: it resumes from there' % (
+                    train_dir, ps[1], train_dir)], log('worker0')
+    assert checkpoint_step(train_dir) == 20
+    assert procs.procs['ps0'].poll() is None
+    # As the line says: ps 1 again, then the chief, and the run ends.
+    procs.trainer('ps1_again', '--job_name=ps', '--task_index=1', *flags)
+    procs.trainer('worker0_again', '--job_name=worker', '--task_index=0',
+                  *flags)
+    assert procs.wait_all(timeout=120) == {
+        'ps0': 0, 'ps1': -9, 'worker0': 3, 'ps1_again': 0,
+        'worker0_again': 0}, procs.tails()
+    assert ('resuming from %s/model.ckpt-20' % train_dir in
+            log('worker0_again'))
+    assert checkpoint_step(train_dir) == 25
+  assert 'closed Session' not in log('worker0'), log('worker0')
+  assert 'Traceback' not in log('worker0'), log('worker0')
+  assert 'ps 0: all 1 worker(s) finished; exiting' in log('ps0')
+
+
 def test_sigterm_to_a_chief_whose_ps_is_lost_names_the_ps(procs, tiny_data,
                                                           tmp_path):
   train_dir = str(tmp_path / 'train')
