@@ -177,14 +177,24 @@ def test_mixed_precision_in_one_process_then_without(procs, tiny_data,
                                                     tmp_path, dtype):
   train_dir = str(tmp_path / 'train')
   flags = single_process_flags(tiny_data, train_dir)
+  # float16: a scale that never overflows here, doubled every 3 good steps.
+  scaling = ['--initial_loss_scale=4', '--loss_scale_period=3',
+             '--save_summaries_steps=1'] if dtype == 'float16' else []
   procs.trainer('mixed', '--max_steps=15', '--mixed_precision',
-                '--mixed_precision_dtype=' + dtype, '--trace_steps=3', *flags)
+                '--mixed_precision_dtype=' + dtype, '--trace_steps=3',
+                *scaling, *flags)
   assert procs.wait_all(timeout=120) == {'mixed': 0}, procs.tails()
   assert MIXED.search(procs.log('mixed'))
   if dtype == 'auto':  # bfloat16 on a CPU.
     assert_bf16_rewrite(train_dir, 0, procs.log('mixed'))
   else:
     assert rewritten(train_dir, 0, dtype)
+    # The flags reach the graph: from 4, doublings only, one every 3 steps
+    # (15 steps: 4 or 5 of them; the default period, 2000, would give 0).
+    scales = [s for _, s in summaries_in_step_order(train_dir, 'loss_scale')]
+    assert scales[0] == 4, scales
+    assert all(b in (a, 2 * a) for a, b in zip(scales, scales[1:])), scales
+    assert 4 * 2**4 <= scales[-1] <= 4 * 2**5, scales
   assert traced_bytes(procs.log('mixed')) == [(0, 0)]  # No network.
   assert_float32_checkpoint(train_dir)
   procs.trainer('plain', '--max_steps=25', '--trace_steps=3', *flags)
@@ -337,7 +347,11 @@ def test_a_worker_joining_late_does_not_reset_the_loss_scale(
   # 2**23 would come back as 2**24 / 2, as if nothing happened).
   wait_for(lambda: any(scale <= 2**22 for _, scale in skipped_lines(
       procs.log('worker0'))), 120, 'the scale down to 2**22', procs)
-  procs.trainer('worker1', '--job_name=worker', '--task_index=1', *flags)
+  # Worker 1's own initial scale, 2**30: were the shared scale and its
+  # count initialized again when it joined, the chief's next line would say
+  # a scale of 2**30 / 2**(its count), far above the ones before.
+  procs.trainer('worker1', '--job_name=worker', '--task_index=1', *flags,
+                '--initial_loss_scale=%d' % 2**30)
   wait_for(lambda: progress_steps(procs, 'worker1'), 120,
            'worker 1 training', procs)
   # The global step after worker 1's 5th step: it had joined by then.
