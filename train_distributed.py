@@ -326,9 +326,11 @@ def train_worker(task, cluster):
       'worker', task_index, task.worker_hosts if cluster else None,
       FLAGS.num_gpus, FLAGS.intra_op_threads, FLAGS.log_device_placement,
       compute_dtype())
-  if compute_dtype():
-    print(cluster_runtime.mixed_precision_line(task_index, compute_dtype(),
-                                               FLAGS.num_gpus))
+  precision = (cluster_runtime.mixed_precision_line(
+      task_index, compute_dtype(), FLAGS.num_gpus) if compute_dtype() else
+               cluster_runtime.mixed_precision_hint(task_index, FLAGS.num_gpus))
+  if precision:  # Without the flag, a line only where it would pay.
+    print(precision)
   master = cluster_runtime.session_target(task, cluster, config,
                                           FLAGS.existing_servers)
   # Only now, with the data checked and the port ours, touch train_dir: a

@@ -116,6 +116,11 @@ def test_single_process_mode(procs, tiny_data, tmp_path):
   assert [int(s) for s in PROGRESS.findall(log)] == [5, 10, 15]
   assert 'training finished at global step 15' in log
   assert_clean_logs(procs)
+  # Without --mixed_precision, one line where the flag would pay (a CPU
+  # with AMX-BF16, as read here), none elsewhere.
+  with open('/proc/cpuinfo') as f:
+    amx = ' amx_bf16' in f.read()
+  assert log.count('--mixed_precision would be faster here') == int(amx)
 
 
 def test_time_left_at_half_way_is_within_30_percent(procs, tiny_data,

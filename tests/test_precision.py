@@ -227,6 +227,34 @@ CANNOT_RUN = {
 }
 
 
+CPUINFO = ('processor\t: 0\nvendor_id\t: GenuineIntel\n'
+           'flags\t\t: fpu sse2 avx2 avx512f %s\nbogomips\t: 4000\n')
+
+
+@pytest.mark.parametrize('flags, num_gpus, hinted', [
+    ('avx512_bf16 amx_bf16 amx_tile', 0, True),  # Sapphire Rapids.
+    ('amx_bf16', 0, True),
+    ('avx512_bf16', 0, False),  # Zen 4: no measurement says it pays.
+    ('avx512_vnni', 0, False),
+    ('amx_bf16', 1, False),  # A GPU worker computes on its GPU.
+])
+def test_the_hint_for_mixed_precision_is_said_only_with_amx(
+    tmp_path, flags, num_gpus, hinted):
+  import cluster_runtime  # pylint: disable=g-import-not-at-top
+  cpuinfo = tmp_path / 'cpuinfo'
+  cpuinfo.write_text(CPUINFO % flags)
+  line = cluster_runtime.mixed_precision_hint(3, num_gpus, str(cpuinfo))
+  assert line == (
+      "Worker 3: this CPU has AMX-BF16: --mixed_precision would be faster "
+      "here (bfloat16 compute, 1.70x images/s on a 2-core Xeon with AMX in "
+      "scripts/benchmark.py, the quickstart's accuracy unchanged; variables, "
+      "gradient accumulation, BatchNorm statistics and checkpoints stay "
+      "float32)" if hinted else None)
+  # No /proc/cpuinfo (not Linux): nothing is said.
+  assert cluster_runtime.mixed_precision_hint(
+      3, num_gpus, str(tmp_path / 'none')) is None
+
+
 def test_a_precision_that_cannot_run_is_one_line(procs, tmp_path):
   # All at once: each spends its few seconds importing TensorFlow.
   for case, (flags, _) in CANNOT_RUN.items():
