@@ -168,6 +168,10 @@ def parse_args(argv):
                       help="another model's trainable float32 bytes, assumed "
                       'spread evenly over the ps (default: this network, '
                       'placed as the trainer places it)')
+  parser.add_argument('--plot', metavar='FILE.png',
+                      help='also draw the predicted images/s of 1 to '
+                      '--num_workers workers with 1, 2, 4, 8 and 16 ps (up to '
+                      '--max_ps) into FILE.png')
   parser.add_argument('--typical', action='store_true',
                       help="the README's table: the fewest ps for 8, 32 and "
                       '128 workers on 1, 10 and 25 Gbit/s links (takes no '
@@ -185,6 +189,7 @@ def usage_problem(args):
   if args.typical:
     given = [n for n in ('step_ms', 'num_workers', 'link_gbit', 'model_bytes')
              if getattr(args, n) is not None]
+    given += ['plot'] if args.plot else []
     if given or args.batch_size != 128 or args.transfer_dtype != 'float32':
       return ('--typical prints the README\'s table for its own clusters; '
               'drop --%s, or drop --typical' % (
@@ -198,6 +203,13 @@ def usage_problem(args):
     if value is None or not value > 0:
       return ('--%s must be given and above 0 (got %s), e.g. --step_ms=45 '
               '--num_workers=32 --link_gbit=10' % (name, value))
+  folder = os.path.dirname(os.path.abspath(args.plot or '.'))
+  if args.plot and not os.path.isdir(folder):
+    return '--plot=%s: there is no folder %s; make it, or name another' % (
+        args.plot, folder)
+  if args.plot and os.path.isdir(args.plot):
+    return '--plot=%s is a folder; name a file in it, e.g. %s' % (
+        args.plot, os.path.join(args.plot, 'plan.png'))
   return None
 
 
@@ -225,6 +237,40 @@ def markdown(args, rows):
                'transfers can, and a larger batch moves fewer bytes per '
                'image.' % own)
   return '\n'.join(out)
+
+
+# The ps counts --plot draws (those up to --max_ps).
+PLOT_PS = (1, 2, 4, 8, 16)
+
+
+def workers_series(step_ms, max_workers, mbit, shares, batch_size,
+                   model_bytes, dtype_bytes):
+  """{num_ps: [predicted images/s of 1..max_workers workers]}, for PLOT_PS
+  within shares."""
+  return {num_ps: [n * batch_size * 1e3 / predict_step_ms(
+      step_ms, model_bytes, shares[num_ps], n, mbit, dtype_bytes)
+                   for n in range(1, max_workers + 1)]
+          for num_ps in PLOT_PS if num_ps in shares}
+
+
+def plot_workers(series, title, path):
+  """Images/s against workers, a line per ps count, as a PNG."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for num_ps, rates in sorted(series.items()):
+    ax.plot(range(1, len(rates) + 1), rates, marker='.',
+            label='%d ps' % num_ps)
+  ax.set_xlabel('synchronous workers')
+  ax.set_ylabel('predicted images/s (all workers)')
+  ax.set_ylim(bottom=0)
+  ax.set_title(title, fontsize='small')
+  ax.grid(True, alpha=0.3)
+  ax.legend(fontsize='small', loc='upper left')
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
 
 
 def typical_markdown(shares):
@@ -260,10 +306,19 @@ def main(argv=None):
   if args.typical:
     print(typical_markdown(shares))
     return 0
+  dtype_bytes = 2 if args.transfer_dtype == 'bfloat16' else 4
   rows = plan(args.step_ms, args.num_workers, args.link_gbit * 1000, shares,
-              args.batch_size, args.model_bytes,
-              2 if args.transfer_dtype == 'bfloat16' else 4)
+              args.batch_size, args.model_bytes, dtype_bytes)
   print(markdown(args, rows))
+  if args.plot:
+    plot_workers(workers_series(args.step_ms, args.num_workers,
+                                args.link_gbit * 1000, shares,
+                                args.batch_size, args.model_bytes,
+                                dtype_bytes),
+                 "batch %d, %s links, %s transfers, a worker's step %g ms" % (
+                     args.batch_size, gbit_name(args.link_gbit),
+                     args.transfer_dtype, args.step_ms), args.plot)
+    print('Wrote %s' % args.plot)
   return 0
 
 

@@ -14,6 +14,13 @@ import plan_cluster
 PLANNER = os.path.join(ROOT, 'scripts', 'plan_cluster.py')
 
 
+def in_process(capsys, *flags):
+  """Runs the planner's main in this process (TensorFlow already loaded);
+  returns (exit status, stdout)."""
+  code = plan_cluster.main(list(flags))
+  return code, capsys.readouterr().out
+
+
 def planner(*flags):
   """Runs the planner; returns (exit status, stdout + stderr)."""
   result = subprocess.run([sys.executable, PLANNER] + list(flags),
@@ -54,42 +61,86 @@ def table_rows(out):
           for line in out.splitlines() if re.match(r'^\| \d+ \|', line)]
 
 
-def test_a_plan_in_a_real_process():
+def test_a_plan_and_its_plot_in_a_real_process(tmp_path):
+  plot = tmp_path / 'plan.png'
   code, out = planner('--step_ms=45', '--num_workers=32', '--link_gbit=10',
-                      '--max_ps=8')
+                      '--max_ps=8', '--plot=%s' % plot)
   assert code == 0, out
+  assert out.splitlines()[-1] == 'Wrote %s' % plot
+  assert plot.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
   rows = table_rows(out)
   assert [int(r[0]) for r in rows] == list(range(1, 9))
+  # The largest ps's share of the 719,848 bytes, as the trainer places them
+  # (1 ps: all; 2 ps: 0.513264, 4 ps: 0.269835, 8 ps: 0.147409).
   shares = plan_cluster.largest_shares(8)
-  for num_ps, mb, ms, rate, _ in rows:
-    expected = plan_cluster.predict_step_ms(45, 719848, shares[num_ps], 32,
-                                            10000)
-    assert ms == pytest.approx(expected, abs=0.05)
-    assert rate == pytest.approx(32 * 128 * 1e3 / expected, abs=0.5)
-    assert mb == pytest.approx(0.719848 * max(1, 32 * shares[num_ps]),
-                               abs=0.005)
-  best = max(r[3] for r in rows)
-  fewest = next(int(r[0]) for r in rows if r[3] >= 0.95 * best)
-  assert 'Fewest ps tasks within 5%% of the best: %d (' % fewest in out
+  assert [round(shares[p], 6) for p in (1, 2, 4, 8)] == [
+      1.0, 0.513264, 0.269835, 0.147409]
+  # By hand: a ps's link carries its share for each of the 32 workers, at
+  # 1.033 x 8 bits a byte on 10 Gbit/s; every push hides beside 0.58 x 45
+  # ms (the largest, 1 ps's: 0.3 x 19.04 + 0.59 = 6.31 ms). So:
+  #   1 ps: 32 x 719,848 = 23.04 MB, 19.04 ms: 64.04 ms, 4,096,000 / 64.04
+  #   = 63,964 images/s; 2 ps: 11.82 MB, 9.77 ms: 54.77 ms, 74,785/s;
+  #   4 ps: 6.22 MB, 5.14 ms: 50.14 ms, 81,697/s; 8 ps: 3.40 MB, 2.81 ms:
+  #   47.81 ms, 85,679/s.
+  assert rows[0] == (1, 23.04, 64.0, 63964, 1.00)
+  assert rows[1] == (2, 11.82, 54.8, 74785, 1.17)
+  assert rows[3] == (4, 6.22, 50.1, 81697, 1.28)
+  assert rows[7] == (8, 3.40, 47.8, 85679, 1.34)
+  # 3 ps (79,145/s) is below 0.95 x 85,679 = 81,395; 4 ps is above.
+  assert ('Fewest ps tasks within 5% of the best: 4 (81697 images/s; the '
+          'best, 8 ps: 85679).') in out
   # 32 workers outnumber what this network splits into: the ps links stay
   # the busiest.
   assert "each worker's own link" not in out
   assert 'Traceback' not in out
 
 
-def test_a_plan_where_the_workers_links_are_the_limit():
-  code, out = planner('--step_ms=10', '--num_workers=4', '--link_gbit=1',
+def test_a_plan_where_the_workers_links_are_the_limit(capsys):
+  code, out = in_process(capsys, '--step_ms=10', '--num_workers=4', '--link_gbit=1',
                       '--transfer_dtype=bfloat16', '--max_ps=8')
   assert code == 0, out
   shares = plan_cluster.largest_shares(8)
   own = min(p for p, share in shares.items() if 4 * share <= 1)
   assert ("From %d ps on, each worker's own link is the busiest" % own) in out
   rows = table_rows(out)
-  assert rows[own - 1][2] == pytest.approx(
-      plan_cluster.predict_step_ms(10, 719848, shares[own], 4, 1000, 2),
-      abs=0.05)
+  # By hand: bfloat16 halves the bytes, 359,924 each way on each worker's
+  # link at 1.033 x 8 bits a byte on 1 Gbit/s, 2.97 ms; the push, 0.3 x
+  # 2.97 + 2.97 = 3.87 ms, hides in 0.58 x 10 = 5.8 ms: 10 + 2.97 =
+  # 12.97 ms.
+  assert rows[own - 1][2] == 13.0
   # bfloat16: half of the 0.72 MB model on each worker's link.
   assert rows[own - 1][1] == pytest.approx(0.36, abs=0.005)
+
+
+def test_the_plot_of_workers_by_hand():
+  # 1 ps at 100 Mbit/s, a 45 ms step: 1 worker moves the 719,848 bytes each
+  # way over its link and the ps's, 59.49 ms, and its push (0.3 x 59.49 +
+  # 59.49 = 77.34) hides 26.1 ms of it: 45 + 59.49 + 51.24 = 155.72 ms, 822
+  # images/s. 2 workers: 45 + 118.98 + (0.3 x 118.98 + 59.49 - 26.1) =
+  # 233.06 ms, 1,098 images/s.
+  series = plan_cluster.workers_series(45, 2, 100, {1: 1.0, 3: 0.4}, 128,
+                                       719848, 4)
+  assert list(series) == [1]  # Only the ps counts it draws.
+  assert series[1] == [pytest.approx(821.97, abs=0.01),
+                       pytest.approx(1098.44, abs=0.01)]
+
+
+def test_a_plot_that_cannot_be_written_is_one_line(tmp_path):
+  code, out = planner('--step_ms=5', '--num_workers=16', '--link_gbit=1',
+                      '--plot=%s' % (tmp_path / 'none' / 'plan.png'))
+  assert (code, out.strip()) == (2, 'Error: --plot=%s: there is no folder '
+                                 '%s; make it, or name another' % (
+                                     tmp_path / 'none' / 'plan.png',
+                                     tmp_path / 'none'))
+  code, out = planner('--step_ms=5', '--num_workers=16', '--link_gbit=1',
+                      '--plot=%s' % tmp_path)
+  assert (code, out.strip()) == (2, 'Error: --plot=%s is a folder; name a '
+                                 'file in it, e.g. %s/plan.png' % (
+                                     tmp_path, tmp_path))
+  code, out = planner('--typical', '--plot=%s' % (tmp_path / 'p.png'))
+  assert (code, out.strip()) == (2, "Error: --typical prints the README's "
+                                 'table for its own clusters; drop --plot, '
+                                 'or drop --typical')
 
 
 @pytest.mark.parametrize('flags, says', [
@@ -110,8 +161,8 @@ def test_bad_input_gets_one_line(flags, says):
       if 'must be given' in says else '')
 
 
-def test_the_readme_table_is_the_planners():
-  code, out = planner('--typical')
+def test_the_readme_table_is_the_planners(capsys):
+  code, out = in_process(capsys, '--typical')
   assert code == 0, out
   table = out.strip()
   assert len(table.splitlines()) == 2 + 9  # Header, rule, 3 x 3 clusters.
