@@ -40,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,10 +64,19 @@ import make_synthetic_cifar10  # pylint: disable=g-import-not-at-top,wrong-impor
 
 tf1 = tf.compat.v1
 NETWORK_RATES = '10000,1000,100'  # Mbit/s: 10 Gbit/s, 1 Gbit/s, 100 Mbit/s.
-# --quick: the baseline, and the synchronous cluster with 1 and with 2 ps.
+# TensorFlow 2's own parameter-server training of the same network and
+# files (scripts/tf2_peer.py): the first of a run's flags marks its rows.
+PEER = os.path.join(ROOT, 'scripts', 'tf2_peer.py')
+PEER_ROW = "TF2's ParameterServerStrategy, 1 ps + 2 workers (async)"
+PEER_ROW_BARE = PEER_ROW + ', no moving averages'
+QUEUE_INPUT = "queue, 16 threads (the trainer's)"
+TFDATA_INPUT = 'tf.data, same decoding'
+# --quick: the baseline, 1 ps + 2 workers synchronous and asynchronous, and
+# TensorFlow 2's own asynchronous strategy beside them.
 QUICK_RUNS = ('single process', '1 ps + 2 workers, sync',
-              '2 ps + 2 workers, sync')
+              '1 ps + 2 workers, async', PEER_ROW)
 TRAINER = os.path.join(ROOT, 'train_distributed.py')
+
 PROGRESS = re.compile(r'^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}): step (\d+), '
                       r'loss = ', re.M)
 
@@ -104,7 +114,8 @@ def queue_records_per_sec(data_dir, batch_size, seconds):
         eval_data=False, shuffle=True, data_dir=data_dir,
         batch_size=batch_size)
     with tf1.train.MonitoredSession() as sess:
-      return timed_batches(lambda: sess.run(images.op), batch_size, seconds)
+      return timed_batches(lambda: sess.run(images.op), batch_size, seconds,
+                           QUEUE_INPUT)
 
 
 def tfdata_records_per_sec(data_dir, batch_size, seconds):
@@ -126,7 +137,8 @@ def tfdata_records_per_sec(data_dir, batch_size, seconds):
                .prefetch(tf.data.AUTOTUNE))
     images, _ = tf1.data.make_one_shot_iterator(dataset).get_next()
     with tf1.Session() as sess:
-      return timed_batches(lambda: sess.run(images.op), batch_size, seconds)
+      return timed_batches(lambda: sess.run(images.op), batch_size, seconds,
+                           TFDATA_INPUT)
 
 
 def numpy_records_per_sec(data_dir, seconds):
@@ -144,13 +156,22 @@ def numpy_records_per_sec(data_dir, seconds):
   return count / (time.time() - start)
 
 
-def timed_batches(run, batch_size, seconds):
+# {input pipeline: this process's CPU ms per record}, as timed_batches
+# measured them.
+INPUT_CPU_MS = {}
+
+
+def timed_batches(run, batch_size, seconds, name=None):
+  """Records/s of run() (a batch each); with name, also records this
+  process's CPU ms per record in INPUT_CPU_MS."""
   for _ in range(3):  # Fill queues and caches first.
     run()
-  count, start = 0, time.time()
+  count, start, cpu = 0, time.time(), time.process_time()
   while time.time() - start < seconds:
     run()
     count += batch_size
+  if name:
+    INPUT_CPU_MS[name] = 1e3 * (time.process_time() - cpu) / count
   return count / (time.time() - start)
 
 
@@ -203,24 +224,89 @@ def run_training(name, data_dir, work, num_ps, num_workers, steps,
           flags.append('--intra_op_threads=%d' % threads)
       tasks.append((task, flags, prefix))
   launched = time.time()
+  sampler = CpuSampler()
   run_tasks(name, work, [(task, prefix, flags + common)
                          for task, flags, prefix in tasks],
-            timeout=60 + steps * 10)
+            timeout=60 + steps * 10, sampler=sampler)
   gone = time.time()
   lines = [progress_times(os.path.join(work, '%s-%s.log' % (name, task)))
            for task, _, _ in tasks if task.startswith('worker')]
-  # Steady state: the second half of each worker's steps. (In a short
-  # asynchronous run a late worker may get one step or none: it adds none.)
-  rate = 0.0
-  for times in lines:
-    half = times[len(times) // 2:]
-    if len(half) > 1:
-      rate += (len(half) - 1) * batch_size / (half[-1] - half[0])
+  rate, cpu = steady_state(lines, batch_size, sampler)
   # A synchronous worker may get no step at all: others took its tokens.
   lines = [t for t in lines if t]
   return {'images_per_sec': rate,
           'first_step_secs': min(t[0] for t in lines) - launched,
-          'shutdown_secs': gone - max(t[-1] for t in lines)}
+          'shutdown_secs': gone - max(t[-1] for t in lines),
+          'cpu_ms_per_image': cpu}
+
+
+def steady_state(lines, batch_size, sampler):
+  """(images/s, CPU ms per image by task) of the second half of each
+  worker's steps, from each worker's progress times. (In a short
+  asynchronous run a late worker may get one step or none: it adds none.)
+  The CPU is every process's over the span of those halves, per image
+  trained in it (each progress line in it is one of that worker's steps).
+  """
+  rate, halves = 0.0, []
+  for times in lines:
+    half = times[len(times) // 2:]
+    if len(half) > 1:
+      rate += (len(half) - 1) * batch_size / (half[-1] - half[0])
+      halves.append(half)
+  if not halves:
+    return rate, {}
+  start, end = (min(h[0] for h in halves), max(h[-1] for h in halves))
+  images = batch_size * sum(1 for times in lines for t in times
+                            if start < t <= end)
+  return rate, cpu_ms_per_image(sampler, start, end, images)
+
+
+def run_peer(name, data_dir, work, steps, batch_size, flags):
+  """TF2's ParameterServerStrategy on 1 ps + 2 workers (scripts/tf2_peer.py):
+  the ps and worker servers, then its coordinator, which trains half the
+  steps as a warmup and measures the other half. Returns its measurements,
+  as run_training's (its first step: the end of the warmup)."""
+  ports = free_ports(4)
+  hosts = ['--ps_hosts=localhost:%d' % ports[0],
+           '--worker_hosts=localhost:%d,localhost:%d' % tuple(ports[1:3]),
+           '--chief_host=localhost:%d' % ports[3]]
+  servers, sampler = {}, CpuSampler()
+  launched = time.time()
+  try:
+    for task in ('ps0', 'worker0', 'worker1'):
+      with open(os.path.join(work, '%s-%s.log' % (name, task)), 'w') as log:
+        servers[task] = subprocess.Popen(
+            [sys.executable, PEER, '--job_name=' + task[:-1],
+             '--task_index=' + task[-1]] + hosts, stdout=log,
+            stderr=subprocess.STDOUT)
+    chief = subprocess.Popen(
+        [sys.executable, PEER, '--job_name=chief', '--data_dir=' + data_dir,
+         '--batch_size=%d' % batch_size, '--warmup_steps=%d' % (steps // 2),
+         '--steps=%d' % (steps - steps // 2)] + hosts + flags,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sampler.start(dict({task: p.pid for task, p in servers.items()},
+                       coordinator=chief.pid))
+    try:
+      out, _ = chief.communicate(timeout=60 + steps * 10)
+    finally:
+      sampler.stop()
+      chief.kill()
+      chief.wait()
+  finally:
+    for server in servers.values():  # They serve until killed.
+      server.kill()
+      server.wait()
+  ended = time.time()
+  if chief.returncode != 0:
+    raise RuntimeError('%s: its coordinator exited with %d; the end of its '
+                       'output:\n%s' % (name, chief.returncode, out[-3000:]))
+  measured = json.loads([l for l in out.splitlines() if l.startswith('{')][-1])
+  start, end = measured['warmup_done_at'], measured['ended_at']
+  return {'images_per_sec': measured['images_per_sec'],
+          'first_step_secs': start - launched,
+          'shutdown_secs': ended - end,
+          'cpu_ms_per_image': cpu_ms_per_image(
+              sampler, start, end, measured['images_per_sec'] * (end - start))}
 
 
 def pinned_worker(index, num_workers):
@@ -239,7 +325,82 @@ def pinned_worker(index, num_workers):
   return ','.join(str(c) for c in mine), len(mine)
 
 
-def run_tasks(name, work, tasks, timeout):
+TICKS = os.sysconf('SC_CLK_TCK')
+
+
+def tree_cpu_secs(pid):
+  """CPU seconds (user + system) of a live process and its live
+  descendants (a prefix such as `ip netns exec` may run the task as a
+  child); 0 for what has gone."""
+  total = 0.0
+  try:
+    with open('/proc/%d/stat' % pid) as f:
+      fields = f.read().rsplit(')', 1)[1].split()
+    total += (int(fields[11]) + int(fields[12])) / TICKS
+    for task in os.listdir('/proc/%d/task' % pid):
+      with open('/proc/%d/task/%s/children' % (pid, task)) as f:
+        total += sum(tree_cpu_secs(int(c)) for c in f.read().split())
+  except (OSError, IndexError, ValueError):
+    pass
+  return total
+
+
+class CpuSampler:
+  """Samples each task's CPU seconds every 0.1 s, so that the CPU a task
+  spent in a window of the run (the steady state) can be read afterwards.
+  """
+
+  def __init__(self):
+    self.pids, self.samples = {}, {}
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, daemon=True)
+
+  def start(self, pids):
+    """Starts sampling {task: pid}."""
+    self.pids = dict(pids)
+    self.samples = {task: [] for task in self.pids}
+    self._thread.start()
+
+  def _run(self):
+    while not self._stop.is_set():
+      for task, pid in self.pids.items():
+        secs = tree_cpu_secs(pid)
+        if secs:
+          self.samples[task].append((time.time(), secs))
+      self._stop.wait(0.1)
+
+  def stop(self):
+    self._stop.set()
+    if self._thread.is_alive():
+      self._thread.join()
+
+  def secs(self, task, start, end):
+    """The task's CPU seconds between two times (linear between samples)."""
+    return (interpolate(self.samples[task], end) -
+            interpolate(self.samples[task], start))
+
+
+def interpolate(samples, at):
+  """The CPU seconds a [(time, CPU seconds)] series reached at time at
+  (0 for a task gone before its first sample)."""
+  if not samples:
+    return 0.0
+  before = [s for s in samples if s[0] <= at] or samples[:1]
+  after = [s for s in samples if s[0] >= at] or samples[-1:]
+  (t0, c0), (t1, c1) = before[-1], after[0]
+  return c0 if t1 == t0 else c0 + (c1 - c0) * (at - t0) / (t1 - t0)
+
+
+def cpu_ms_per_image(sampler, start, end, images):
+  """{task: its CPU ms per image trained between start and end}; {} when
+  no image was."""
+  if images <= 0:
+    return {}
+  return {task: 1e3 * sampler.secs(task, start, end) / images
+          for task in sampler.samples}
+
+
+def run_tasks(name, work, tasks, timeout, sampler=None):
   """Starts the trainer once per (task, command prefix, flags); waits for
   all to exit 0.
 
@@ -253,6 +414,8 @@ def run_tasks(name, work, tasks, timeout):
         procs[task] = subprocess.Popen(
             prefix + [sys.executable, TRAINER] + flags, stdout=log,
             stderr=subprocess.STDOUT)
+    if sampler:
+      sampler.start({task: proc.pid for task, proc in procs.items()})
     for task, proc in procs.items():
       try:
         code = proc.wait(timeout=timeout)
@@ -264,6 +427,8 @@ def run_tasks(name, work, tasks, timeout):
         raise RuntimeError('%s: %s exited with %s; the end of its log:\n%s' %
                            (name, task, code, tail))
   finally:
+    if sampler:
+      sampler.stop()
     for proc in procs.values():
       if proc.poll() is None:
         proc.kill()
@@ -437,8 +602,12 @@ def markdown(results):
              results['steps']), '',
          '| input pipeline | records/s | x training needs |', '|---|---|---|']
   need = results['training']['single process']['images_per_sec']
+  cpu = results['input_cpu_ms_per_record']
+  out[-2:] = ['| input pipeline | records/s | x training needs | CPU ms per '
+              'record |', '|---|---|---|---|']
   for name, rate in results['input'].items():
-    out.append('| %s | %.0f | %.1fx |' % (name, rate, rate / need))
+    out.append('| %s | %.0f | %.1fx | %s |' % (
+        name, rate, rate / need, '%.3f' % cpu[name] if name in cpu else ''))
   out += ['', '| training (median of %d rounds) | images/s | x single '
           'process | x in each round |' % results['rounds'],
           '|---|---|---|---|']
@@ -448,6 +617,8 @@ def markdown(results):
     out.append('| %s | %.0f%s | %.2fx | %s |' % (
         name, r['images_per_sec'], per_gpu, r['ratio'],
         ', '.join('%.2f' % x for x in r['ratios'])))
+  out += peer_markdown(results['training']) + cpu_markdown(
+      results['training'])
   s = results['startup']
   b = results['bytes']
   out += ['', '| startup and shutdown (1 ps + 2 workers, sync) | seconds |',
@@ -464,6 +635,49 @@ def markdown(results):
           '| on 1 Gb/s | %.1f ms |' % b['ms_at_1gbps'],
           '| on 10 Gb/s | %.2f ms |' % b['ms_at_10gbps']]
   return '\n'.join(out + network_markdown(results['network']))
+
+
+def against_peer(training):
+  """{our row: (median, [per round]) of its images/s over TF2's strategy's
+  (PEER_ROW) in the same round}, for every row measured beside it."""
+  if PEER_ROW not in training:
+    return {}
+  peer = training[PEER_ROW]['ratios']
+  return {name: (statistics.median(r / p for r, p in zip(run['ratios'],
+                                                          peer)),
+                 [r / p for r, p in zip(run['ratios'], peer)])
+          for name, run in training.items() if name != PEER_ROW}
+
+
+def peer_markdown(training):
+  """The table of every row against TF2's strategy; none without it."""
+  ratios = against_peer(training)
+  if not ratios:
+    return []
+  out = ['', "| against TF2's ParameterServerStrategy (1 ps + 2 workers, the "
+         'same step) | x TF2 | x in each round |', '|---|---|---|']
+  for name, (median, rounds) in ratios.items():
+    out.append('| %s | %.2fx | %s |' % (name, median, ', '.join(
+        '%.2f' % x for x in rounds)))
+  return out
+
+
+def cpu_markdown(training):
+  """Each run's CPU ms per image trained in its steady state, by process."""
+  out = ['', '| CPU ms per image, steady state (median of the rounds) | ps | '
+         'workers | coordinator | all |', '|---|---|---|---|---|']
+  for name, run in training.items():
+    ms = run['cpu_ms_per_image']
+    if not ms:
+      out.append('| %s | | | | no steady state measured |' % name)
+      continue
+    ps = sum(v for k, v in ms.items() if k.startswith('ps'))
+    workers = sum(v for k, v in ms.items() if k.startswith('worker'))
+    out.append('| %s | %s | %.2f | %s | %.2f |' % (
+        name, '%.2f' % ps if any(k.startswith('ps') for k in ms) else '',
+        workers, '%.2f' % ms['coordinator'] if 'coordinator' in ms else '',
+        sum(ms.values())))
+  return out
 
 
 def network_markdown(network):
@@ -564,16 +778,20 @@ def main(argv=None):
                'rounds': args.rounds or (1 if args.quick else 3)}
     print('Input pipelines...', flush=True)
     results['input'] = {
-        'queue, 16 threads (the trainer\'s)': queue_records_per_sec(
-            data_dir, args.batch_size, seconds),
-        'tf.data, same decoding': tfdata_records_per_sec(
-            data_dir, args.batch_size, seconds),
+        QUEUE_INPUT: queue_records_per_sec(data_dir, args.batch_size,
+                                           seconds),
+        TFDATA_INPUT: tfdata_records_per_sec(data_dir, args.batch_size,
+                                             seconds),
         'numpy decode from memory (bound)': numpy_records_per_sec(data_dir,
                                                                   seconds),
     }
+    results['input_cpu_ms_per_record'] = dict(INPUT_CPU_MS)
     results['training'] = train_all(data_dir, work, steps, args.batch_size,
                                     extra, args.num_gpus, results['rounds'],
                                     args.quick, args.only)
+    results['against_tf2'] = {name: {'ratio': median, 'ratios': rounds}
+                              for name, (median, rounds) in against_peer(
+                                  results['training']).items()}
     sync = results['training'].get('1 ps + 2 workers, sync',
                                    results['training']['single process'])
     imports = import_seconds(1 if args.quick else 2)
@@ -621,20 +839,27 @@ def train_all(data_dir, work, steps, batch_size, extra, num_gpus, rounds,
            ['--transfer_dtype=bfloat16']),
           ('1 ps + 2 workers, async', 1, 2, ['--nosync_replicas']),
           ('2 ps + 2 workers, sync', 2, 2, []),
-          ('2 ps + 2 workers, async', 2, 2, ['--nosync_replicas'])]
-  if quick:
-    runs = [r for r in runs if r[0] in QUICK_RUNS]
+          ('2 ps + 2 workers, async', 2, 2, ['--nosync_replicas']),
+          (PEER_ROW, 1, 2, [PEER, '--moving_averages']),
+          (PEER_ROW_BARE, 1, 2, [PEER])]
   if only:  # The single process stays: the ratios are to it.
     runs = [r for r in runs if r[0] == 'single process' or
             re.search(only, r[0])]
+  elif quick:
+    runs = [r for r in runs if r[0] in QUICK_RUNS]
   measured = {name: [] for name, _, _, _ in runs}
   for i in range(rounds):
     for name, num_ps, num_workers, flags in runs:
       print('Training, round %d of %d: %s...' % (i + 1, rounds, name),
             flush=True)
-      measured[name].append(run_training(
-          '%s_%d' % (re.sub(r'\W+', '_', name), i), data_dir, work, num_ps,
-          num_workers, steps, batch_size, flags + extra))
+      run_name = '%s_%d' % (re.sub(r'\W+', '_', name), i)
+      if flags[:1] == [PEER]:
+        measured[name].append(run_peer(run_name, data_dir, work, steps,
+                                       batch_size, flags[1:]))
+      else:
+        measured[name].append(run_training(
+            run_name, data_dir, work, num_ps, num_workers, steps, batch_size,
+            flags + extra))
   training = {}
   for name, _, num_workers, _ in runs:
     ratios = [r['images_per_sec'] / s['images_per_sec'] for r, s in
@@ -642,6 +867,11 @@ def train_all(data_dir, work, steps, batch_size, extra, num_gpus, rounds,
     training[name] = {
         key: statistics.median(r[key] for r in measured[name])
         for key in ('images_per_sec', 'first_step_secs', 'shutdown_secs')}
+    cpu = [r['cpu_ms_per_image'] for r in measured[name]
+           if r['cpu_ms_per_image']]
+    training[name]['cpu_ms_per_image'] = {
+        task: statistics.median(c[task] for c in cpu)
+        for task in (cpu[0] if cpu else ())}
     training[name].update(ratio=statistics.median(ratios), ratios=ratios)
     if num_gpus:
       training[name]['images_per_gpu'] = (training[name]['images_per_sec'] /

@@ -17,10 +17,12 @@ from conftest import ROOT
 import network_namespaces
 import plan_cluster
 
-# What --quick trains of --only's pick (the rest of --quick is 2 ps + 2
-# workers, which the shape matrix trains; a full run adds 1 ps + 1 worker,
-# the precision flags and async runs), and the baseline, which --only keeps.
-RUNS = {'single process', '1 ps + 2 workers, sync'}
+# What --only picks of --quick, our synchronous cluster and TF2's own
+# strategy (the rest, our asynchronous cluster, differs by a flag), and the
+# baseline, which --only keeps.
+PEER_ROW = "TF2's ParameterServerStrategy, 1 ps + 2 workers (async)"
+SYNC_ROW = '1 ps + 2 workers, sync'
+RUNS = {'single process', SYNC_ROW, PEER_ROW}
 
 
 def test_benchmark_quick_run(tmp_path):
@@ -29,8 +31,8 @@ def test_benchmark_quick_run(tmp_path):
   # every task it started, not just the script.
   proc = subprocess.Popen(
       [sys.executable, os.path.join(ROOT, 'scripts', 'benchmark.py'),
-       '--quick', '--steps=8', '--batch_size=16', '--json', str(out),
-       '--only=^1 ps \\+ 2 workers, sync$'],
+       '--quick', '--steps=16', '--batch_size=16', '--json', str(out),
+       '--only=^1 ps \\+ 2 workers, sync$|^TF2.*\\(async\\)$'],
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
       cwd=str(tmp_path), start_new_session=True)
   try:
@@ -59,6 +61,33 @@ def test_benchmark_quick_run(tmp_path):
     # Each row of the printed table is the JSON's, rounded.
     assert '| %s | %.0f | %.2fx | %.2f |' % (
         name, run['images_per_sec'], run['ratio'], run['ratio']) in stdout, name
+  # Each process's CPU in the steady state, per image: at the measured rate,
+  # all the processes of a run use between a third of a core (they are
+  # training) and this machine's cores (the sampler's 0.1 s steps and the
+  # window's ends allow some slack).
+  cores = len(os.sched_getaffinity(0))
+  expected_tasks = {'single process': {'worker0'},
+                    SYNC_ROW: {'ps0', 'worker0', 'worker1'},
+                    PEER_ROW: {'ps0', 'worker0', 'worker1', 'coordinator'}}
+  for name, run in results['training'].items():
+    ms = run['cpu_ms_per_image']
+    assert set(ms) == expected_tasks[name], name
+    assert all(v > 0 for v in ms.values()), (name, ms)
+    used = sum(ms.values()) * run['images_per_sec'] / 1e3  # Cores.
+    assert 0.33 <= used <= cores * 1.25, (name, ms, used)
+  assert set(results['input_cpu_ms_per_record']) == set(
+      list(results['input'])[:2])
+  for name, ms in results['input_cpu_ms_per_record'].items():
+    # At most the cores' time per record it delivered, and some.
+    assert 0.001 < ms <= cores * 1.25e3 / results['input'][name], name
+  # Each row against TF2's strategy: its images/s over the peer's.
+  peer = results['training'][PEER_ROW]['images_per_sec']
+  for name in ('single process', SYNC_ROW):
+    ratio = results['training'][name]['images_per_sec'] / peer
+    assert results['against_tf2'][name] == {
+        'ratio': pytest.approx(ratio), 'ratios': [pytest.approx(ratio)]}
+    assert '| %s | %.2fx | %.2f |' % (name, ratio, ratio) in stdout
+  assert set(results['against_tf2']) == {'single process', SYNC_ROW}
   assert all(rate > 0 for rate in results['input'].values())
   assert results['bytes']['trainable_parameters'] == 179962
   startup = results['startup']
@@ -93,8 +122,12 @@ def assert_network(results, stdout, plot):
   free, slow = runs
   # The planner's prediction, from the unlimited run of the same shape.
   assert 'predicted_ms' not in free
-  assert slow['predicted_ms'] == plan_cluster.predict_step_ms(
-      free['ms_per_step'], model, 1.0, 2, 100)
+  # By hand: 1 ps carries both workers' 719,848 bytes each way at 100
+  # Mbit/s (1.033 x 8 bits a byte), 118.97 ms of pull; the push, 0.3 x
+  # 118.97 + 59.49 (a worker's own link) = 95.18 ms, hides 0.58 of the step.
+  assert slow['predicted_ms'] == pytest.approx(
+      free['ms_per_step'] + 118.97 +
+      max(0, 95.18 - 0.58 * free['ms_per_step']), abs=0.02)
   assert slow['prediction_error'] == (slow['predicted_ms'] /
                                       slow['ms_per_step'] - 1)
   # 1 ps carries both workers' 719,848 bytes each way at 100 Mbit/s:
