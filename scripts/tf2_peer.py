@@ -112,7 +112,7 @@ def xavier(shape):
   return tf.random.uniform(shape, -limit, limit)
 
 
-def dataset(files, shuffle_buffer, batch_size, seed):
+def dataset(files, shuffle_buffer, batch_size):
   """The training files through tf.data, augmented as the trainer's queue
   augments them (cifar10_input.preprocess), shuffled as much."""
 
@@ -124,7 +124,7 @@ def dataset(files, shuffle_buffer, batch_size, seed):
             tf.cast(records[:, 0], tf.int32))
 
   return (tf.data.FixedLengthRecordDataset(files, cifar10_input.RECORD_BYTES)
-          .shuffle(shuffle_buffer, seed=seed)
+          .shuffle(shuffle_buffer)
           .repeat().batch(batch_size, drop_remainder=True)
           .map(decode, num_parallel_calls=tf.data.AUTOTUNE)
           .prefetch(tf.data.AUTOTUNE))
@@ -166,7 +166,7 @@ def coordinate(args):
   # Unseeded: a seed would give both workers the same batches in the same
   # order (the function cannot tell which worker it runs on).
   per_worker = coordinator.create_per_worker_dataset(
-      lambda: dataset(files, buffer, args.batch_size, None))
+      lambda: dataset(files, buffer, args.batch_size))
   iterator = iter(per_worker)
   decay_ceiling = cifar10_model.MOVING_AVERAGE_DECAY
   rate = args.learning_rate
