@@ -218,6 +218,41 @@ def resume_point(train_dir, variables, say, can_rebuild=lambda var: False):
                 missing_from(checkpoint, variables), older)
 
 
+def save(saver, session, train_dir, step, **kwargs):
+  """Writes model.ckpt-N, N the global step the checkpoint holds.
+
+  In a cluster the step is read before the save, and the chief's sync
+  thread (synchronous) or the other workers (asynchronous) can apply an
+  update in between: the checkpoint would hold a later step than its name,
+  and everything that reads names (the resume, the evaluator, which keeps
+  the newest) would be off by that many. The step it holds is read back
+  from the files and, where it differs, the files are renamed to it.
+
+  Args:
+    saver: The Saver that writes it.
+    session: The session whose variables it saves.
+    train_dir: --train_dir.
+    step: The global step read before the save.
+    **kwargs: For Saver.save (write_meta_graph).
+
+  Returns:
+    The checkpoint's path.
+  """
+  prefix = os.path.join(train_dir, 'model.ckpt')
+  path = saver.save(session, prefix, global_step=step, **kwargs)
+  held = int(tf.train.load_variable(path, 'global_step'))
+  if held == step:
+    return path
+  named = '%s-%d' % (prefix, held)
+  for old in glob.glob(glob.escape(path) + '.*'):
+    os.replace(old, named + old[len(path):])
+  paths = [p for p in saver.last_checkpoints if p not in (path, named)]
+  saver.recover_last_checkpoints(paths + [named])
+  tf.compat.v1.train.update_checkpoint_state(
+      train_dir, named, all_model_checkpoint_paths=paths + [named])
+  return named
+
+
 def keep_newest(saver, train_dir):
   """Deletes the checkpoints the saver keeps beyond its max_to_keep.
 

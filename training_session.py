@@ -396,8 +396,10 @@ class CheckpointSaver(tf1.train.CheckpointSaverHook):
     exit_now(3)
 
   def _save(self, session, step):
+    # TensorFlow's _save, with the checkpoint named after the step it holds.
     try:
-      stop = super()._save(session, step)
+      checkpoints.save(self._get_saver(), session, self._train_dir, step,
+                       write_meta_graph=self._save_graph_def)
     except cluster_runtime.LOST_TASK_ERRORS as e:
       if not self._ending:
         raise  # A lost ps: MonitoredSession waits for it and recovers.
@@ -406,8 +408,11 @@ class CheckpointSaver(tf1.train.CheckpointSaverHook):
           checkpoints.first_line(e)) from e
     except tf.errors.OpError as e:
       raise checkpoints.write_failure(self._train_dir, step, e) from e
+    self._summary_writer.add_session_log(tf1.SessionLog(
+        status=tf1.SessionLog.CHECKPOINT, checkpoint_path=self._save_path),
+                                         step)
     checkpoints.keep_newest(self._get_saver(), self._train_dir)
-    return stop
+    return False  # No listeners, so none asks to stop.
 
 
 class JoinedWorkers(tf1.train.SessionRunHook):
@@ -643,10 +648,9 @@ class StopOnSignal(tf1.train.SessionRunHook):
   (this is the last hook, so the other hooks' saves are done too): its
   checkpoint is exactly the model of the step it is named after. In a
   cluster, the chief's sync thread and the other workers may apply a step
-  between the read of the global step that names the checkpoint and the
-  save, as with TensorFlow's own CheckpointSaverHook: the checkpoint is a
-  snapshot and may hold a later step than its name. A second signal exits
-  at once, without waiting for the save.
+  between the read of the global step and the save: the checkpoint is a
+  snapshot, named after the step it holds (checkpoints.save). A second
+  signal exits at once, without waiting for the save.
   """
 
   # How long a single process waits for its step in flight before it saves
@@ -715,9 +719,9 @@ class StopOnSignal(tf1.train.SessionRunHook):
           self._step_state.wait_for(lambda: not self._in_step,
                                     timeout=self.STEP_WAIT_SECS)
       try:
-        path = self._scaffold.saver.save(
-            self._session, os.path.join(self._train_dir, 'model.ckpt'),
-            global_step=self._global_step)
+        path = checkpoints.save(
+            self._scaffold.saver, self._session, self._train_dir,
+            self._session.run(self._global_step))
         checkpoints.keep_newest(self._scaffold.saver, self._train_dir)
         message += ': wrote %s' % path
       except Exception as e:  # pylint: disable=broad-except

@@ -117,8 +117,10 @@ def test_a_lost_chief_is_said_and_its_return_keeps_the_ps_model(
       r'past the last checkpoint \(model\.ckpt-%d\): going on from there, '
       r'not from the checkpoint$' % saved, log, re.M)]
   assert kept >= max([saved] + before)
-  # And trained on from there, not from the checkpoint.
-  assert printed_steps(log)[0] > kept
+  # And trained on from there, not from the checkpoint (kept > saved, from
+  # the asserts above). Its first line can show kept itself: a synchronous
+  # step's global step is read before the sync thread applies the update.
+  assert printed_steps(log)[0] >= kept
   name_step, step = checkpoint_steps(train_dir)
   assert max_steps <= name_step <= step <= max_steps + 1
   assert len(checkpoint_files(train_dir)) <= MAX_TO_KEEP
@@ -432,3 +434,36 @@ def test_evaluator_on_an_empty_test_set_is_one_line(procs, tiny_data,
   errors = [l for l in log.splitlines() if l.startswith('Error')]
   assert errors == [EMPTY_TEST_SET % data_dir], log
   assert 'Traceback' not in log, log
+
+
+def test_a_checkpoint_is_named_after_the_step_it_holds(tmp_path):
+  """The step is read before the save; an update applied in between (the
+  chief's sync thread, the other workers) must rename the checkpoint."""
+  import checkpoints  # pylint: disable=import-outside-toplevel
+  train_dir = str(tmp_path)
+  with tf.Graph().as_default():
+    step = tf1.train.get_or_create_global_step()
+    weight = tf1.get_variable('w', initializer=1.5)
+    advance = step.assign_add(4)  # Two updates of 2 workers each, say.
+    saver = tf1.train.Saver(max_to_keep=2)
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      sess.run(step.assign(5))
+      first = checkpoints.save(saver, sess, train_dir, 5)
+      read = sess.run(step)  # 5: then the update lands before the save.
+      sess.run(advance)
+      second = checkpoints.save(saver, sess, train_dir, read)
+      sess.run(advance)
+      third = checkpoints.save(saver, sess, train_dir, sess.run(step))
+  prefix = os.path.join(train_dir, 'model.ckpt')
+  assert (first, second, third) == (prefix + '-5', prefix + '-9',
+                                    prefix + '-13')
+  # max_to_keep=2 deleted model.ckpt-5: the saver knew the renamed one.
+  assert checkpoint_files(train_dir) == [9, 13]
+  assert listed(train_dir) == [9, 13]
+  assert sorted(os.listdir(train_dir)) == [
+      'checkpoint', 'model.ckpt-13.data-00000-of-00001', 'model.ckpt-13.index',
+      'model.ckpt-13.meta', 'model.ckpt-9.data-00000-of-00001',
+      'model.ckpt-9.index', 'model.ckpt-9.meta']
+  assert tf.train.load_variable(prefix + '-9', 'global_step') == 9
+  assert tf.train.load_variable(prefix + '-9', 'w') == 1.5
