@@ -49,7 +49,7 @@ CONTINUATION = re.compile(
     rb'^(\t|Additional GRPC error information from remote target |'
     rb':UNKNOWN:Error received from peer |'
     rb'Hint: If you want to see a list of allocated tensors when OOM |\r?\n$|'
-    rb'To enable the following instructions: )')
+    rb'To enable the following instructions: |  device=\')')
 ABSL_BANNER = (b'WARNING: All log messages before absl::InitializeLog() is '
                b'called are written to STDERR')
 
@@ -80,6 +80,10 @@ PLATFORM = [
     # Instructions the binary could use (INFO, then W in some builds).
     (rb'cpu_feature_guard\.cc', rb'This TensorFlow binary is optimized'),
     (rb'port\.cc', rb'oneDNN custom operations are on'),
+    # Grappler's remapper found no fused kernel for a data type on this CPU
+    # (float16 BatchNorm on a Xeon with AVX-512 and no AMX) and keeps the
+    # unfused ops; its kernel list follows, one `  device='...'` per line.
+    (rb'graph_view\.cc', rb"No registered '_Fused\w+' OpKernel for CPU"),
 ]
 # EVENTS: expected events, and the C++ side's copies of an error that the
 # Python side reports (in one line of ours, or as a traceback).
