@@ -450,20 +450,22 @@ def test_a_checkpoint_is_named_after_the_step_it_holds(tmp_path):
       sess.run(tf1.global_variables_initializer())
       sess.run(step.assign(5))
       first = checkpoints.save(saver, sess, train_dir, 5)
-      read = sess.run(step)  # 5: then the update lands before the save.
+      sess.run(advance)
+      read = sess.run(step)  # 9: then the update lands before the save.
       sess.run(advance)
       second = checkpoints.save(saver, sess, train_dir, read)
+      assert listed(train_dir) == [5, 13]  # The `checkpoint` file, renamed.
       sess.run(advance)
       third = checkpoints.save(saver, sess, train_dir, sess.run(step))
   prefix = os.path.join(train_dir, 'model.ckpt')
-  assert (first, second, third) == (prefix + '-5', prefix + '-9',
-                                    prefix + '-13')
-  # max_to_keep=2 deleted model.ckpt-5: the saver knew the renamed one.
-  assert checkpoint_files(train_dir) == [9, 13]
-  assert listed(train_dir) == [9, 13]
+  assert (first, second, third) == (prefix + '-5', prefix + '-13',
+                                    prefix + '-17')
+  # max_to_keep=2 deleted model.ckpt-5 and kept the renamed one.
+  assert checkpoint_files(train_dir) == [13, 17]
+  assert listed(train_dir) == [13, 17]
   assert sorted(os.listdir(train_dir)) == [
       'checkpoint', 'model.ckpt-13.data-00000-of-00001', 'model.ckpt-13.index',
-      'model.ckpt-13.meta', 'model.ckpt-9.data-00000-of-00001',
-      'model.ckpt-9.index', 'model.ckpt-9.meta']
-  assert tf.train.load_variable(prefix + '-9', 'global_step') == 9
-  assert tf.train.load_variable(prefix + '-9', 'w') == 1.5
+      'model.ckpt-13.meta', 'model.ckpt-17.data-00000-of-00001',
+      'model.ckpt-17.index', 'model.ckpt-17.meta']
+  assert tf.train.load_variable(prefix + '-13', 'global_step') == 13
+  assert tf.train.load_variable(prefix + '-13', 'w') == 1.5
