@@ -105,6 +105,10 @@ flags.DEFINE_integer('num_preprocess_threads', 16,
 flags.DEFINE_boolean('distort', True,
                      'Augment training images (pad and random crop, flip, '
                      'brightness, contrast). The reference had this off.')
+flags.DEFINE_integer('crop_padding', cifar10_input.PAD_PIXELS,
+                     'With --distort: pixels of black padding on each side of '
+                     'a training image before the random 32x32 crop, the '
+                     'most it shifts; 0 crops nothing.')
 flags.DEFINE_boolean('standardize', True, 'Per-image standardization of the '
                      'input. The reference had this off (raw 0..255 pixels).')
 flags.DEFINE_float('initial_learning_rate', 0.1, 'Initial learning rate.')
@@ -181,7 +185,7 @@ def check_flags():
       raise cluster_config.UsageError('--%s must be at least 1 (got %d)' %
                                       (name, getattr(FLAGS, name)))
   for name in ('eval_interval_secs', 'intra_op_threads', 'num_gpus',
-               'warmup_steps'):
+               'warmup_steps', 'crop_padding'):
     if getattr(FLAGS, name) < 0:
       raise cluster_config.UsageError('--%s must be 0 or more (got %s)' %
                                       (name, getattr(FLAGS, name)))
@@ -258,7 +262,8 @@ def build_graph(task, cluster):
         eval_data=False, shuffle=True, data_dir=FLAGS.data_dir,
         batch_size=FLAGS.batch_size,
         num_preprocess_threads=FLAGS.num_preprocess_threads,
-        distort=FLAGS.distort, standardize=FLAGS.standardize, seed=seed)
+        distort=FLAGS.distort, standardize=FLAGS.standardize, seed=seed,
+        crop_padding=FLAGS.crop_padding)
   with tf1.device(variable_device):
     return training_graph.build(
         images, labels, len(task.ps_hosts), task.task_index == 0,

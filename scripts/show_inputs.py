@@ -50,7 +50,7 @@ def class_names(data_dir):
     return [line.strip() for line in f if line.strip()]
 
 
-def read_records(path, num, seed):
+def read_records(path, num, seed, crop_padding=cifar10_input.PAD_PIXELS):
   """The first num records of a file through the trainer's reader.
 
   Returns:
@@ -62,7 +62,8 @@ def read_records(path, num, seed):
     files = tf1.FIFOQueue(1, tf.string, shapes=[])
     images, labels = cifar10_input.read_cifar10(files, num)
     plain = cifar10_input.preprocess(images, distort=False, standardize=False)
-    network = cifar10_input.preprocess(images, distort=True, standardize=True)
+    network = cifar10_input.preprocess(images, distort=True, standardize=True,
+                                       crop_padding=crop_padding)
     with tf1.Session() as sess:
       sess.run(files.enqueue(path))
       sess.run(files.close())
@@ -147,6 +148,10 @@ def main(argv=None):
                       'gets wrong')
   parser.add_argument('--seed', type=int, default=0,
                       help='seed of the augmentation (default: %(default)s)')
+  parser.add_argument('--crop_padding', type=int,
+                      default=cifar10_input.PAD_PIXELS,
+                      help="the trainer's --crop_padding (default: "
+                      '%(default)s)')
   args = parser.parse_args(argv)
   tf1.disable_eager_execution()
   try:
@@ -155,7 +160,11 @@ def main(argv=None):
     sys.exit('show_inputs.py: error: %s' % e)
   names = class_names(args.data_dir)
   first = sorted(files)[0]
-  plain, network, labels = read_records(first, args.num, args.seed)
+  if args.crop_padding < 0:
+    sys.exit('show_inputs.py: error: --crop_padding must be 0 or more (got '
+             '%d)' % args.crop_padding)
+  plain, network, labels = read_records(first, args.num, args.seed,
+                                        args.crop_padding)
   captions = [names[l] for l in labels]
   panels = [('%s, as decoded' % os.path.basename(first), plain, captions),
             ('the same, as the network gets them (augmented, standardized)',

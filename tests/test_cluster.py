@@ -185,6 +185,9 @@ BAD_FLAGS = {
     'bad_trace_steps': (['--job_name=worker', '--task_index=0',
                          '--trace_steps=5,0'],
                         '--trace_steps must be step numbers from 1'),
+    'negative_crop_padding': (['--job_name=worker', '--task_index=0',
+                               '--crop_padding=-1'],
+                              '--crop_padding must be 0 or more (got -1)'),
 }
 
 

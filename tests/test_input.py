@@ -111,6 +111,29 @@ def test_preprocessing_standardizes_and_augments(handmade):
   assert differing(epochs[0][0], epochs[1][0]) >= 4
 
 
+@pytest.mark.parametrize('padding', [0, 2, 4])
+def test_random_crops_shift_each_image_by_up_to_the_padding(padding):
+  # A white image shifted by (dy, dx) shows |dy| black rows, at the bottom
+  # when it moved up (dy > 0), and |dx| black columns likewise.
+  n = 2000  # Enough to see each of the (2p + 1)^2 shifts (81 at 4).
+  with tf.Graph().as_default():
+    crops = cifar10_input.random_crops(
+        tf.fill([n, 32, 32, 3], 255.), padding)
+    with tf1.Session() as sess:
+      got = sess.run(crops)
+  shifts = set()
+  for image in got:
+    rows = np.flatnonzero(image[:, :, 0].max(axis=1))  # Not all black.
+    cols = np.flatnonzero(image[:, :, 0].max(axis=0))
+    dy, dx = (31 - rows[-1]) - rows[0], (31 - cols[-1]) - cols[0]
+    want = np.zeros((32, 32, 3), np.float32)
+    want[max(0, -dy):32 - max(0, dy), max(0, -dx):32 - max(0, dx)] = 255.
+    np.testing.assert_array_equal(image, want)
+    shifts.add((int(dy), int(dx)))
+  span = range(-padding, padding + 1)
+  assert shifts == {(y, x) for y in span for x in span}
+
+
 def differing(images, others):
   """How many images differ from their counterparts in others."""
   return sum(np.abs(a - b).mean() > 0.05 for a, b in zip(images, others))
