@@ -70,6 +70,15 @@ def test_linear_scaling_is_examples_per_update_over_128(examples, scaling,
 def test_the_chief_says_where_the_rate_comes_from():
   assert learning_rate.describe(schedule('cosine', 256, 'linear', 0, 4700)) \
       == ('cosine from 0.2 (0.1 x 256/128 examples per update, '
+          '--lr_scaling=linear) to 0 at step 4700, with no warmup (a rate '
+          'scaled up usually needs --warmup_steps)')
+  assert learning_rate.describe(schedule('cosine', 256, 'linear', 234, 4700)) \
+      == ('cosine from 0.2 (0.1 x 256/128 examples per update, '
+          '--lr_scaling=linear) to 0 at step 4700, after a linear warmup of '
+          '234 steps')
+  # Scaled down, 32 examples an update: no warmup to suggest.
+  assert learning_rate.describe(schedule('cosine', 32, 'linear', 0, 4700)) \
+      == ('cosine from 0.025 (0.1 x 32/128 examples per update, '
           '--lr_scaling=linear) to 0 at step 4700')
   assert learning_rate.describe(schedule('exponential', 256, 'none', 50)) \
       == ('exponential from 0.1, x0.5 every 10 steps, after a linear warmup '
