@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import types
 
 import numpy as np
 import pytest
@@ -113,25 +114,73 @@ def test_preprocessing_standardizes_and_augments(handmade):
 
 @pytest.mark.parametrize('padding', [0, 2, 4])
 def test_random_crops_shift_each_image_by_up_to_the_padding(padding):
-  # A white image shifted by (dy, dx) shows |dy| black rows, at the bottom
-  # when it moved up (dy > 0), and |dx| black columns likewise.
-  n = 2000  # Enough to see each of the (2p + 1)^2 shifts (81 at 4).
+  # Each crop is its own image shifted by (dy, dx), black where it moved
+  # off: |dy| black rows, at the bottom when it moved up (dy > 0), and |dx|
+  # black columns likewise. Pixels of 1..255 tell black from the image.
+  n = 2000  # All (2p + 1)^2 shifts (81 at 4) show: missing one, p < 2e-9.
+  images = np.random.default_rng(0).integers(
+      1, 256, (n, 32, 32, 3)).astype(np.float32)
   with tf.Graph().as_default():
-    crops = cifar10_input.random_crops(
-        tf.fill([n, 32, 32, 3], 255.), padding)
+    crops = cifar10_input.random_crops(tf.constant(images), padding)
     with tf1.Session() as sess:
       got = sess.run(crops)
   shifts = set()
-  for image in got:
+  for image, original in zip(got, images):
     rows = np.flatnonzero(image[:, :, 0].max(axis=1))  # Not all black.
     cols = np.flatnonzero(image[:, :, 0].max(axis=0))
     dy, dx = (31 - rows[-1]) - rows[0], (31 - cols[-1]) - cols[0]
-    want = np.zeros((32, 32, 3), np.float32)
-    want[max(0, -dy):32 - max(0, dy), max(0, -dx):32 - max(0, dx)] = 255.
-    np.testing.assert_array_equal(image, want)
+    padded = np.zeros((32 + 2 * padding, 32 + 2 * padding, 3), np.float32)
+    padded[padding:padding + 32, padding:padding + 32] = original
+    np.testing.assert_array_equal(
+        image, padded[padding + dy:padding + dy + 32,
+                      padding + dx:padding + dx + 32])
     shifts.add((int(dy), int(dx)))
   span = range(-padding, padding + 1)
   assert shifts == {(y, x) for y in span for x in span}
+
+
+@pytest.mark.parametrize('padding', [0, 2])
+def test_the_pipeline_crops_with_the_padding_given(tmp_path, padding):
+  # White records through the whole training pipeline: the brightness and
+  # contrast jitter keep a one-valued image one-valued, so the rows and
+  # columns that differ from the centre are the black the crop shifted in.
+  white = np.full((40, 3, 32, 32), 255, np.uint8)
+  for name in ('data_batch_1.bin', 'test_batch.bin'):
+    write_records(str(tmp_path / name), [0] * 40, white)
+  (images, _), = read_batches(str(tmp_path), eval_data=False, batch_size=40,
+                              distort=True, crop_padding=padding)
+  most = 0
+  for image in images:
+    centre = image[16, 16, 0]
+    dy = np.count_nonzero(np.abs(image[:, 16, 0] - centre) > 1)
+    dx = np.count_nonzero(np.abs(image[16, :, 0] - centre) > 1)
+    assert dy <= padding and dx <= padding
+    most = max(most, dy, dx)
+  # An image shifts by the whole padding one way or both with p = 0.64 at
+  # 2: one of 40 does but for p = 2e-18.
+  assert most == padding
+
+
+def test_the_trainer_passes_crop_padding_to_the_pipeline(flags, monkeypatch,
+                                                          handmade):
+  import train_distributed  # pylint: disable=g-import-not-at-top
+  flags(['train_distributed.py', '--crop_padding=0',
+         '--data_dir=' + handmade[0]])
+  given = {}
+
+  class Built(Exception):
+    pass
+
+  def record(**kwargs):
+    given.update(kwargs)
+    raise Built()
+
+  monkeypatch.setattr(cifar10_input, 'generate_batch_inputs', record)
+  task = types.SimpleNamespace(task_index=0, worker_hosts=['localhost:1'],
+                               ps_hosts=[])
+  with tf.Graph().as_default(), pytest.raises(Built):
+    train_distributed.build_graph(task, None)
+  assert (given['crop_padding'], given['distort']) == (0, True)
 
 
 def differing(images, others):

@@ -76,7 +76,9 @@ def test_the_chief_says_where_the_rate_comes_from():
       == ('cosine from 0.2 (0.1 x 256/128 examples per update, '
           '--lr_scaling=linear) to 0 at step 4700, after a linear warmup of '
           '234 steps')
-  # Scaled down, 32 examples an update: no warmup to suggest.
+  # Not scaled, or scaled down (32 examples an update): none to suggest.
+  assert learning_rate.describe(schedule('cosine', 256, 'none', 0, 4700)) \
+      == 'cosine from 0.1 to 0 at step 4700'
   assert learning_rate.describe(schedule('cosine', 32, 'linear', 0, 4700)) \
       == ('cosine from 0.025 (0.1 x 32/128 examples per update, '
           '--lr_scaling=linear) to 0 at step 4700')
