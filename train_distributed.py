@@ -106,9 +106,7 @@ flags.DEFINE_boolean('distort', True,
                      'Augment training images (pad and random crop, flip, '
                      'brightness, contrast). The reference had this off.')
 flags.DEFINE_integer('crop_padding', cifar10_input.PAD_PIXELS,
-                     'With --distort: pixels of black padding on each side of '
-                     'a training image before the random 32x32 crop, the '
-                     'most it shifts; 0 crops nothing.')
+                     'With --distort: the most pixels a crop shifts; 0: none.')
 flags.DEFINE_boolean('standardize', True, 'Per-image standardization of the '
                      'input. The reference had this off (raw 0..255 pixels).')
 flags.DEFINE_float('initial_learning_rate', 0.1, 'Initial learning rate.')
@@ -125,15 +123,13 @@ flags.DEFINE_enum('lr_scaling', 'none', learning_rate.SCALINGS, 'linear: '
                   'and scales with the examples an update aggregates.')
 flags.DEFINE_integer('seed', 0, 'Random seed; worker i uses seed + i for its '
                      'file order, shuffling and augmentation.')
-flags.DEFINE_boolean('fresh_start', False,
-                     'Chief only: delete --train_dir and start over instead '
-                     'of resuming from its latest checkpoint.')
+flags.DEFINE_boolean('fresh_start', False, 'Chief only: delete --train_dir and '
+                     'start over instead of resuming its latest checkpoint.')
 flags.DEFINE_boolean('new_data', False, 'Chief: resume a --train_dir trained '
                      'on other data (to fine-tune); the new data is recorded.')
 flags.DEFINE_integer('intra_op_threads', 0, 'Threads each op may use in a '
-                     'worker. 0: the cores of this machine divided by the '
-                     'workers listed on the same host, so that co-located '
-                     'workers do not fight over cores.')
+                     'worker; 0: the cores here divided by the workers listed '
+                     'on this host, so that they do not fight over cores.')
 flags.DEFINE_float('eval_interval_secs', 5,
                    'Evaluator: how often to look for a new checkpoint.')
 flags.DEFINE_boolean('run_once', False,
@@ -260,10 +256,9 @@ def build_graph(task, cluster):
   with tf.device(input_device):
     images, labels = cifar10_input.generate_batch_inputs(
         eval_data=False, shuffle=True, data_dir=FLAGS.data_dir,
-        batch_size=FLAGS.batch_size,
+        batch_size=FLAGS.batch_size, seed=seed, distort=FLAGS.distort,
         num_preprocess_threads=FLAGS.num_preprocess_threads,
-        distort=FLAGS.distort, standardize=FLAGS.standardize, seed=seed,
-        crop_padding=FLAGS.crop_padding)
+        standardize=FLAGS.standardize, crop_padding=FLAGS.crop_padding)
   with tf1.device(variable_device):
     return training_graph.build(
         images, labels, len(task.ps_hosts), task.task_index == 0,
