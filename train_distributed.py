@@ -230,10 +230,9 @@ def train():
   tf.get_logger().addFilter(training_session.ReportLostTask(task.task_index))
   print('job_name : %s' % task.job_name)
   print('task_index : %d' % task.task_index)
-  cluster = None
-  if task.ps_hosts:
-    cluster = tf.train.ClusterSpec({'ps': task.ps_hosts,
-                                    'worker': task.worker_hosts})
+  cluster = (tf.train.ClusterSpec({'ps': task.ps_hosts,
+                                   'worker': task.worker_hosts})
+             if task.ps_hosts else None)  # None: one process, no server.
   if task.job_name == 'ps':
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # Nothing to save: just go.
     return cluster_runtime.run_ps(cluster, task.task_index)
@@ -286,14 +285,6 @@ def make_hooks(graph, scaffold, train_dir, task, single_process):
   is_chief = task_index == 0
   hooks = [tf1.train.NanTensorHook(graph.loss),  # First: no NaN is saved.
            tf1.train.StopAtStepHook(last_step=FLAGS.max_steps)]
-  if graph.sync_opt:
-    hooks += [training_session.SyncReplicasHook(graph.sync_opt, is_chief),
-              training_session.JoinedWorkers(
-                  task_index, task.worker_hosts,
-                  FLAGS.replicas_to_aggregate or len(task.worker_hosts))]
-  if not is_chief and not single_process:
-    hooks.append(training_session.ChiefWatch(
-        task_index, task.worker_hosts[0], graph.global_step, FLAGS.max_steps))
   if is_chief:
     hooks += [training_session.CheckpointSaver(
         train_dir, FLAGS.save_checkpoint_steps, scaffold, task.ps_hosts),
@@ -302,6 +293,16 @@ def make_hooks(graph, scaffold, train_dir, task, single_process):
                   scaffold=scaffold),
               # After the first checkpoint: its read must not delay it.
               training_session.LearningRateLine(graph)]
+  if graph.sync_opt:
+    # After the first checkpoint too: the chief's sync thread applies the
+    # others' gradients, and the checkpoint named step N must hold step N.
+    hooks += [training_session.SyncReplicasHook(graph.sync_opt, is_chief),
+              training_session.JoinedWorkers(
+                  task_index, task.worker_hosts,
+                  FLAGS.replicas_to_aggregate or len(task.worker_hosts))]
+  if not is_chief and not single_process:
+    hooks.append(training_session.ChiefWatch(
+        task_index, task.worker_hosts[0], graph.global_step, FLAGS.max_steps))
   if graph.loss_scaling and is_chief:
     hooks.append(training_session.SkippedSteps(graph.loss_scaling.after))
   if FLAGS.trace_steps:
@@ -396,8 +397,7 @@ def run_loop(sess, fetches, writer, global_step):
   start = time.time()
   left = training_session.TimeLeft(FLAGS.max_steps)
   while not sess.should_stop():
-    step, loss_value, accuracy_value = training_session.run_step(sess,
-                                                                 fetches)
+    step, loss_value, accuracy_value = training_session.run_step(sess, fetches)
     local_step += 1
     if local_step == 1:
       left.update(step)  # Where the global step's rate is measured from.
