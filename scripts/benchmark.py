@@ -64,6 +64,9 @@ import make_synthetic_cifar10  # pylint: disable=g-import-not-at-top,wrong-impor
 
 tf1 = tf.compat.v1
 NETWORK_RATES = '10000,1000,100'  # Mbit/s: 10 Gbit/s, 1 Gbit/s, 100 Mbit/s.
+# Beside 2 workers, 8 with the same examples a step: 4 times the bytes per
+# image, where the planner's model of the busiest link matters most.
+NETWORK_WORKERS = '2,8'
 # TensorFlow 2's own parameter-server training of the same network and
 # files (scripts/tf2_peer.py): the first of a run's flags marks its rows.
 PEER = os.path.join(ROOT, 'scripts', 'tf2_peer.py')
@@ -445,27 +448,35 @@ def progress_times(log_path):
 # --- Slow networks ----------------------------------------------------------
 
 def train_over_links(data_dir, work, steps, batch_sizes, rates, extra,
-                     wire_dtypes=('float32',), rounds=1, ps_counts=(1, 2)):
+                     wire_dtypes=('float32',), rounds=1, ps_counts=(1, 2),
+                     worker_counts=(2,)):
   """Each of ps_counts ps + 2 synchronous workers, every task a host of its
   own on links of each rate (Mbit/s; None: unlimited), at each batch size,
-  and 1 ps with each other --transfer_dtype of wire_dtypes; rounds times,
+  and 1 ps with each other --transfer_dtype of wire_dtypes; then, for each
+  other count N of worker_counts, ps_counts ps + N workers with the same
+  examples a step (a batch of 2 / N of each size): N / 2 times the bytes
+  an image, the regime where the network bounds the step. Rounds times,
   interleaved. Returns {'runs': [one dict a run: its shape, its ms per step
   in each round and their median]}, or {'skipped': why}.
 
   The hosts share this machine's cores, each worker pinned to its share
   (pinned_worker): on 2 cores, one core each, as two 1-core machines (the
-  ps tasks float over both). The unlimited link measures the step the
-  planner starts from: the same cluster when the network costs nothing.
+  ps tasks float over both); 8 workers, 4 to a core. The unlimited link
+  measures the step the planner starts from: the same cluster when the
+  network costs nothing.
   """
   why = network_namespaces.why_unavailable() or (
       None if rates else 'no --network_rates given')
-  links = [(b, m, p, d) for b in batch_sizes for m in [None] + rates
+  links = [(b, m, p, d, 2) for b in batch_sizes for m in [None] + rates
            for p, d in [(p, 'float32') for p in ps_counts] + [
                (1, d) for d in wire_dtypes if d != 'float32']]
+  links += [(max(1, b * 2 // n), m, p, 'float32', n) for n in worker_counts
+            if n != 2 for b in batch_sizes for m in [None] + rates
+            for p in ps_counts]
   measured = {link: [] for link in links}
   for i in range(0 if why else rounds):
     for link in links:
-      batch_size, mbit, num_ps, dtype = link
+      batch_size, mbit, num_ps, dtype, num_workers = link
       name = link_run_name(*link)
       print('Slow networks, round %d of %d: %s...' % (i + 1, rounds, name),
             flush=True)
@@ -479,8 +490,8 @@ def train_over_links(data_dir, work, steps, batch_sizes, rates, extra,
       try:
         measured[link].append(run_training(
             '%s_%d' % (re.sub(r'\W+', '_', name), i), data_dir, work, num_ps,
-            2, steps, batch_size, extra + ['--transfer_dtype=' + dtype],
-            network))
+            num_workers, steps, batch_size,
+            extra + ['--transfer_dtype=' + dtype], network))
       finally:
         network.close()
     if why:
@@ -490,22 +501,23 @@ def train_over_links(data_dir, work, steps, batch_sizes, rates, extra,
     return {'skipped': why}
   runs = []
   for link, each_round in measured.items():
-    batch_size, mbit, num_ps, dtype = link
-    ms = [1e3 * 2 * batch_size / r['images_per_sec'] for r in each_round]
+    batch_size, mbit, num_ps, dtype, num_workers = link
+    images = num_workers * batch_size  # A step's, all workers'.
+    ms = [1e3 * images / r['images_per_sec'] for r in each_round]
     runs.append({'name': link_run_name(*link), 'num_ps': num_ps,
-                 'mbit': mbit, 'batch_size': batch_size,
-                 'transfer_dtype': dtype, 'ms_per_step': statistics.median(ms),
+                 'num_workers': num_workers, 'mbit': mbit,
+                 'batch_size': batch_size, 'transfer_dtype': dtype,
+                 'ms_per_step': statistics.median(ms),
                  'ms_per_step_rounds': ms,
-                 'images_per_sec': 1e3 * 2 * batch_size / statistics.median(
-                     ms)})
+                 'images_per_sec': 1e3 * images / statistics.median(ms)})
   return {'runs': runs}
 
 
-def link_run_name(batch_size, mbit, num_ps, dtype):
+def link_run_name(batch_size, mbit, num_ps, dtype, num_workers=2):
   """A slow-network run's name in the table, e.g. '1 ps + 2 workers, sync,
   100 Mbit/s, batch 64'."""
-  return '%d ps + 2 workers, sync, %s, batch %d%s' % (
-      num_ps, link_name(mbit), batch_size,
+  return '%d ps + %d workers, sync, %s, batch %d%s' % (
+      num_ps, num_workers, link_name(mbit), batch_size,
       '' if dtype == 'float32' else ', %s transfers' % dtype)
 
 
@@ -522,7 +534,8 @@ def measure_networks(args, data_dir, work, extra, bytes_):
                           reverse=True), extra,
       ['float32'] if args.quick else args.network_transfer_dtypes.split(','),
       args.network_rounds or (1 if args.quick else 3),
-      (1,) if args.quick else (1, 2))
+      (1,) if args.quick else (1, 2),
+      args.network_workers)
   predict_network(network, bytes_)
   return batch_sizes, network
 
@@ -537,18 +550,20 @@ def predict_network(network, bytes_):
   """Adds to each limited run the planner's prediction, from the unlimited
   run of the same shape (plan_cluster.predict_step_ms), and its error; and
   to each run but the 1 ps float32 one its speed-up over that one."""
-  by_shape = {(r['batch_size'], r['num_ps'], r['transfer_dtype'], r['mbit']): r
-              for r in network.get('runs', [])}
+  def shape(run, **change):
+    keys = ('num_workers', 'batch_size', 'num_ps', 'transfer_dtype', 'mbit')
+    return tuple(change.get(k, run[k]) for k in keys)
+
+  by_shape = {shape(r): r for r in network.get('runs', [])}
   for run in network.get('runs', []):
-    free = by_shape[run['batch_size'], run['num_ps'], run['transfer_dtype'],
-                    None]
+    free = by_shape[shape(run, mbit=None)]
     if run['mbit'] is not None:
       run['predicted_ms'] = plan_cluster.predict_step_ms(
           free['ms_per_step'], bytes_['pull'],
-          bytes_['largest_ps_share'][run['num_ps']], 2, run['mbit'],
-          tf.as_dtype(run['transfer_dtype']).size)
+          bytes_['largest_ps_share'][run['num_ps']], run['num_workers'],
+          run['mbit'], tf.as_dtype(run['transfer_dtype']).size)
       run['prediction_error'] = run['predicted_ms'] / run['ms_per_step'] - 1
-    base = by_shape[run['batch_size'], 1, 'float32', run['mbit']]
+    base = by_shape[shape(run, num_ps=1, transfer_dtype='float32')]
     if run is not base:
       run['speedup_over_1_ps'] = (run['images_per_sec'] /
                                   base['images_per_sec'])
@@ -561,28 +576,30 @@ def plot_network(network, path):
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, ax = plt.subplots(figsize=(6, 4))
-  lines = sorted({(r['batch_size'], r['num_ps'], r['transfer_dtype'])
-                  for r in network['runs']}, reverse=True)
-  for batch_size, num_ps, dtype in lines:
-    runs = sorted((r for r in network['runs']
-                   if (r['batch_size'], r['num_ps'], r['transfer_dtype']) ==
-                   (batch_size, num_ps, dtype) and r['mbit'] is not None),
+  def line_of(r):
+    return r['num_workers'], r['batch_size'], r['num_ps'], r['transfer_dtype']
+
+  for num_workers, batch_size, num_ps, dtype in sorted(
+      {line_of(r) for r in network['runs']}, reverse=True):
+    runs = sorted((r for r in network['runs'] if line_of(r) == (
+        num_workers, batch_size, num_ps, dtype) and r['mbit'] is not None),
                   key=lambda r: r['mbit'])
     line, = ax.plot([r['mbit'] for r in runs],
-                    [r['images_per_sec'] for r in runs], marker='o',
+                    [r['images_per_sec'] for r in runs],
+                    marker='s' if num_workers != 2 else 'o',
                     linestyle='-' if num_ps == 2 else ':' if dtype != 'float32'
-                    else '--', label='%d ps + 2 workers, batch %d%s' % (
-                        num_ps, batch_size,
+                    else '--', label='%d ps + %d workers, batch %d%s' % (
+                        num_ps, num_workers, batch_size,
                         '' if dtype == 'float32' else ', %s transfers' % dtype))
     ax.plot([r['mbit'] for r in runs if 'predicted_ms' in r],
-            [2e3 * batch_size / r['predicted_ms'] for r in runs
+            [1e3 * num_workers * batch_size / r['predicted_ms'] for r in runs
              if 'predicted_ms' in r], marker='x', markersize=9,
             linestyle='none', color=line.get_color())
   ax.plot([], [], marker='x', linestyle='none', color='gray',
           label="the planner's prediction")
   ax.set_xscale('log')
   ax.set_xlabel('link rate of every task (Mbit/s)')
-  ax.set_ylabel('images/s (both workers)')
+  ax.set_ylabel('images/s (all workers)')
   ax.set_ylim(bottom=0)
   ax.grid(True, which='both', alpha=0.3)
   ax.legend(fontsize='small', loc='lower right')
@@ -739,6 +756,11 @@ def parse_args(argv):
                       help='a regular expression: train only the '
                       'configurations whose name it finds, and the single '
                       'process, e.g. "mixed precision"')
+  parser.add_argument('--network_workers', default=NETWORK_WORKERS,
+                      help='worker counts of the slow-network runs; a count '
+                      'N other than 2 trains a batch of 2 / N of each of '
+                      '--network_batch_sizes, the same examples a step '
+                      '(default: %(default)s, with --quick 2)')
   parser.add_argument('--network_transfer_dtypes', default='float32,bfloat16',
                       help='--transfer_dtype values of the 1 ps slow-network '
                       'runs (default: %(default)s, with --quick float32)')
@@ -749,6 +771,13 @@ def parse_args(argv):
                       help='where to write the numbers (default: '
                       '%(default)s)')
   args = parser.parse_args(argv)
+  given = args.network_workers
+  if args.quick and given == NETWORK_WORKERS:
+    given = '2'
+  if not re.fullmatch(r'[1-9]\d*(,[1-9]\d*)*', given):
+    parser.error('--network_workers must be worker counts of 1 or more, '
+                 'comma-separated, e.g. 2,8 (got "%s")' % given)
+  args.network_workers = sorted({int(n) for n in given.split(',')})
   for name in ('rounds', 'network_rounds', 'steps', 'network_steps'):
     if getattr(args, name) is not None and getattr(args, name) < 1:
       parser.error('--%s must be 1 or more, got %d' % (name,

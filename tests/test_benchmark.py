@@ -140,3 +140,61 @@ def assert_network(results, stdout, plot):
                              100 * slow['prediction_error']))
   assert row in stdout
   assert plot.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_eight_workers_on_slow_links_predicted_from_their_own_shape():
+  """The 8-worker rows: each slow run's prediction starts from the
+  unlimited run of 8 workers with its ps count, and counts 8 workers on the
+  busiest link; figures worked by hand from the planner's constants
+  (1.033 bytes on the wire a byte, 0.3 of the busiest link and a worker's
+  own again for the push, 0.58 of the step hiding it)."""
+  import benchmark  # pylint: disable=g-import-not-at-top
+  def run(num_ps, mbit, ms, num_workers=8, batch_size=16):
+    return {'num_ps': num_ps, 'num_workers': num_workers, 'mbit': mbit,
+            'batch_size': batch_size, 'transfer_dtype': 'float32',
+            'ms_per_step': ms,
+            'images_per_sec': 1e3 * num_workers * batch_size / ms}
+  network = {'runs': [run(1, None, 200.0), run(1, 100, 800.0),
+                      run(2, None, 210.0), run(2, 100, 450.0),
+                      # 2 workers of the same shape must not be taken as
+                      # the 8 workers' starting point.
+                      run(1, None, 90.0, 2, 64), run(1, 100, 300.0, 2, 64)]}
+  benchmark.predict_network(network, {'pull': 719848,
+                                      'largest_ps_share': {1: 1.0, 2: 0.51}})
+  one_slow, two_slow, two_free = (network['runs'][1], network['runs'][3],
+                                  network['runs'][2])
+  # 1 ps carries 8 x 719,848 bytes each way at 100 Mbit/s: 475.906 ms; the
+  # push 0.3 x 475.906 + 59.488 (a worker's own link) = 202.260, of which
+  # 0.58 x 200 = 116 hides: 200 + 475.906 + 86.260.
+  assert one_slow['predicted_ms'] == pytest.approx(762.166, abs=0.01)
+  assert one_slow['prediction_error'] == pytest.approx(762.166 / 800 - 1,
+                                                       abs=1e-4)
+  # 2 ps, the larger holding 0.51: 8 x 0.51 = 4.08 models on its link,
+  # 242.712 ms; the push 132.302, of which 0.58 x 210 = 121.8 hides.
+  assert two_slow['predicted_ms'] == pytest.approx(
+      210 + 242.712 + 10.502, abs=0.01)
+  assert 'predicted_ms' not in two_free
+  # 2 ps over 1 ps at 100 Mbit/s, both 8 workers: 800 / 450 ms a step.
+  assert two_slow['speedup_over_1_ps'] == pytest.approx(800 / 450)
+  assert network['runs'][5]['predicted_ms'] == pytest.approx(
+      90 + 118.976 + max(0, 0.3 * 118.976 + 59.488 - 0.58 * 90), abs=0.01)
+  assert benchmark.link_run_name(16, 100, 2, 'float32', 8) == (
+      '2 ps + 8 workers, sync, 100 Mbit/s, batch 16')
+
+
+def test_network_workers_must_be_counts(capsys):
+  """A bad --network_workers is one line and exit 2, before anything runs;
+  --quick keeps to 2 workers unless told otherwise."""
+  import benchmark  # pylint: disable=g-import-not-at-top
+  for bad in ('0,8', '8,', 'two'):
+    with pytest.raises(SystemExit) as exited:
+      benchmark.parse_args(['--network_workers=' + bad])
+    assert exited.value.code == 2
+    # (The program's name is pytest's here.)
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        ': error: --network_workers must be worker counts of 1 or more, '
+        'comma-separated, e.g. 2,8 (got "%s")' % bad)
+  assert benchmark.parse_args([]).network_workers == [2, 8]
+  assert benchmark.parse_args(['--quick']).network_workers == [2]
+  assert benchmark.parse_args(['--quick', '--network_workers=8,2,8'
+                               ]).network_workers == [2, 8]

@@ -188,6 +188,9 @@ BAD_FLAGS = {
     'negative_crop_padding': (['--job_name=worker', '--task_index=0',
                                '--crop_padding=-1'],
                               '--crop_padding must be 0 or more (got -1)'),
+    'negative_warmup_steps': (['--job_name=worker', '--task_index=0',
+                               '--warmup_steps=-5'],
+                              '--warmup_steps must be 0 or more (got -5)'),
 }
 
 

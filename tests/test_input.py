@@ -159,12 +159,20 @@ def test_the_pipeline_crops_with_the_padding_given(tmp_path, padding):
   # An image shifts by the whole padding one way or both with p = 0.64 at
   # 2: one of 40 does but for p = 2e-18.
   assert most == padding
+  # The rest of the augmentation stays on, without crops too: each image
+  # brightened by its own draw from -63..63. Uncropped, an image is one
+  # value, 255 plus that (the contrast scales about it); cropped, the black
+  # shifted in moves the mean the contrast scales about.
+  centres = images[:, 16, 16, 0]
+  assert np.ptp(centres) > 20, centres
+  if padding == 0:
+    assert 255 - 63 <= centres.min() <= centres.max() <= 255 + 63, centres
 
 
 def test_the_trainer_passes_crop_padding_to_the_pipeline(flags, monkeypatch,
                                                           handmade):
   import train_distributed  # pylint: disable=g-import-not-at-top
-  flags(['train_distributed.py', '--crop_padding=0',
+  flags(['train_distributed.py', '--crop_padding=3',
          '--data_dir=' + handmade[0]])
   given = {}
 
@@ -180,7 +188,7 @@ def test_the_trainer_passes_crop_padding_to_the_pipeline(flags, monkeypatch,
                                ps_hosts=[])
   with tf.Graph().as_default(), pytest.raises(Built):
     train_distributed.build_graph(task, None)
-  assert (given['crop_padding'], given['distort']) == (0, True)
+  assert (given['crop_padding'], given['distort']) == (3, True)
 
 
 def differing(images, others):
@@ -287,3 +295,35 @@ def test_missing_test_file(handmade):
   with pytest.raises(cifar10_input.DataError, match='test_batch.bin is missing'):
     cifar10_input.check_data(data_dir, eval_data=True)
   assert cifar10_input.check_data(data_dir, eval_data=False)[1] == 5
+
+
+def test_show_inputs_shows_the_crops_of_the_padding_given(tmp_path,
+                                                           monkeypatch):
+  """scripts/show_inputs.py's --crop_padding reaches the reader it draws
+  from, and the reader crops with it: white records stay one value each
+  without crops; with 4 pixels, black shifts in."""
+  import show_inputs  # pylint: disable=g-import-not-at-top
+  white = np.full((20, 3, 32, 32), 255, np.uint8)
+  for name in ('data_batch_1.bin', 'test_batch.bin'):
+    write_records(str(tmp_path / name), [0] * 20, white)
+  path = str(tmp_path / 'data_batch_1.bin')
+  _, uncropped, _ = show_inputs.read_records(path, 20, 0, 0)
+  assert all(np.ptp(image) < 1e-3 for image in uncropped)
+  _, cropped, _ = show_inputs.read_records(path, 20, 0, 4)
+  # Each image unshifted with p = 1/81: all 20 of them, never.
+  assert sum(np.ptp(image) > 1 for image in cropped) >= 10
+  given = []
+  real = show_inputs.read_records
+  monkeypatch.setattr(show_inputs, 'read_records',
+                      lambda *args: given.append(args) or real(*args))
+  png = tmp_path / 'inputs.png'
+  show_inputs.main(['--data_dir=' + str(tmp_path), '--out=' + str(png),
+                    '--num=4', '--crop_padding=3'])
+  assert given == [(path, 4, 0, 3)] and png.exists()
+  png.unlink()
+  with pytest.raises(SystemExit) as exited:  # A string: status 1, stderr.
+    show_inputs.main(['--data_dir=' + str(tmp_path), '--out=' + str(png),
+                      '--crop_padding=-1'])
+  assert exited.value.code == (
+      'show_inputs.py: error: --crop_padding must be 0 or more (got -1)')
+  assert not png.exists()

@@ -63,8 +63,20 @@ def test_warmup_ramps_linearly_then_the_schedule_starts():
     (1024, 'linear', 0.8), (1024, 'none', 0.1)])
 def test_linear_scaling_is_examples_per_update_over_128(examples, scaling,
                                                          top):
-  assert rates(schedule('cosine', examples, scaling), [0]) == (
-      pytest.approx([top]))
+  # Cosine: top at step 0, half of it halfway (step 50 of 100).
+  assert rates(schedule('cosine', examples, scaling), [0, 50]) == (
+      pytest.approx([top, top / 2]))
+  # Exponential: top, then halved every 10 steps from it.
+  assert rates(schedule('exponential', examples, scaling), [0, 9, 10, 25]) == (
+      pytest.approx([top, top, top / 2, top / 4]))
+
+
+def test_warmup_ramps_up_to_the_scaled_rate():
+  # 256 examples an update, linear: the peak is 0.2, and the 10 warmup
+  # steps climb to it, 0.2 x (step + 1) / 10; then cosine over 10..110.
+  got = rates(schedule('cosine', 256, 'linear', warmup=10, max_steps=110),
+              [0, 4, 9, 10, 60, 110])
+  assert got == pytest.approx([0.02, 0.1, 0.2, 0.2, 0.1, 0.0], abs=1e-7)
 
 
 def test_the_chief_says_where_the_rate_comes_from():

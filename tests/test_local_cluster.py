@@ -259,17 +259,6 @@ def test_evaluator_counts_every_test_record_exactly_once(procs, tmp_path,
                      round((1 - accuracy) * 50))
 
 
-def test_show_inputs_refuses_a_negative_crop_padding(tmp_path, tiny_data):
-  png = tmp_path / 'inputs.png'
-  proc = subprocess.run(
-      [sys.executable, os.path.join(ROOT, 'scripts', 'show_inputs.py'),
-       '--data_dir=' + tiny_data, '--out=' + str(png), '--crop_padding=-1'],
-      capture_output=True, text=True, timeout=120)
-  assert (proc.returncode, proc.stderr.strip().splitlines()[-1]) == (
-      1, 'show_inputs.py: error: --crop_padding must be 0 or more (got -1)')
-  assert not png.exists()
-
-
 def assert_show_inputs(tmp_path, data_dir, train_dir, wrong):
   """scripts/show_inputs.py draws the records' own labels, and as many
   misclassified test images as the evaluator counted."""

@@ -134,11 +134,79 @@ def test_train_and_test_folders_are_the_split(tmp_path):
   code, stdout, _ = convert(source, out)
   assert code == 0
   assert 'Wrote 5 training records (5 files) and 2 test records of 2' in stdout
+  assert (out / 'batches.meta.txt').read_text() == 'class_a\nclass_b\n\n'
   (train_labels, train), (test_labels, test) = all_records(out)
+  # Each record's red is 10 x the label of the folder its image came from.
+  for labels, images in ((train_labels, train), (test_labels, test)):
+    assert (images[:, 0, 0, 0] == 10 * labels).all(), (labels, images[:, 0])
   assert sorted(zip(test_labels.tolist(), test[:, 1, 0, 0].tolist())) == [
       (0, 0), (1, 0)]
   assert sorted(zip(train_labels.tolist(), train[:, 1, 0, 0].tolist())) == [
       (0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+
+
+def test_the_split_follows_the_seed(tmp_path):
+  """--seed picks the test images: the same seed, the same bytes; another,
+  other images, as many of each class."""
+  source = tmp_path / 'images'
+  image_tree(source, [8, 8, 8])
+  outs = {}
+  for name, seed in (('a', 0), ('b', 0), ('c', 1)):
+    code, _, stderr = convert(source, tmp_path / name, '--test_fraction=0.25',
+                              '--seed=%d' % seed)
+    assert (code, stderr) == (0, '')
+    outs[name] = tmp_path / name
+  for f in os.listdir(outs['a']):
+    assert (outs['a'] / f).read_bytes() == (outs['b'] / f).read_bytes(), f
+  tests = {}
+  for name in ('a', 'c'):
+    _, (labels, images) = all_records(outs[name])
+    assert np.bincount(labels).tolist() == [2, 2, 2]
+    tests[name] = sorted(zip(labels.tolist(), images[:, 1, 0, 0].tolist()))
+  assert tests['a'] != tests['c']
+
+
+def test_256_classes_fit_the_label_byte(tmp_path):
+  """The label byte's limit is 256 classes, labels 0..255, not 255."""
+  source, out = tmp_path / 'images', tmp_path / 'out'
+  for i in range(256):
+    os.makedirs(source / ('%03d' % i))
+    for j in range(2):
+      solid(source / ('%03d' % i) / ('%d.png' % j), (i, j, 0), size=(2, 2))
+  code, stdout, stderr = convert(source, out, '--test_fraction=0.5')
+  assert (code, stderr) == (0, ''), stdout
+  (train_labels, train), (test_labels, test) = all_records(out)
+  for labels, images in ((train_labels, train), (test_labels, test)):
+    assert sorted(labels.tolist()) == list(range(256))
+    assert (images[:, 0, 0, 0] == labels).all()
+
+
+def test_jpeg_of_any_case_and_small_images_fill_32x32(tmp_path):
+  """.JPEG and .jpeg files count as images; one smaller than 32x32 is
+  scaled up to fill it."""
+  source, out = tmp_path / 'images', tmp_path / 'out'
+  os.makedirs(source / 'a')
+  os.makedirs(source / 'b')
+  for i, name in enumerate(('X.JPEG', 'y.jpeg', 'z.Jpg')):
+    Image.new('RGB', (20, 10), (200, 40 * i, 0)).save(
+        source / 'a' / name, 'JPEG', quality=100)
+  for i in range(3):
+    solid(source / 'b' / ('%d.PNG' % i), (10, 20, 30), size=(5, 7))
+  code, stdout, stderr = convert(source, out, '--test_fraction=0.34')
+  assert (code, stderr) == (0, '')
+  assert 'Wrote 4 training records (4 files) and 2 test records of 2' in stdout
+  (train_labels, train), (test_labels, test) = all_records(out)
+  labels = np.concatenate([train_labels, test_labels])
+  images = np.concatenate([train, test]).astype(int)
+  assert sorted(labels.tolist()) == [0, 0, 0, 1, 1, 1]
+  greens = []
+  for label, image in zip(labels, images):
+    # Every pixel of the 32x32, not only the middle: scaled up, not pasted.
+    want = (200, image[1, 16, 16], 0) if label == 0 else (10, 20, 30)
+    assert np.abs(image - np.array(want)[:, None, None]).max() <= 3, label
+    if label == 0:
+      greens.append(image[1, 16, 16])
+  assert np.abs(np.sort(greens) - [0, 40, 80]).max() <= 3, greens
 
 
 def write_idx(path, array):
@@ -193,6 +261,32 @@ def test_idx_files_keep_their_split_and_order_centred_on_black(tmp_path, gz):
       '\n'.join('c%d' % i for i in range(10)) + '\n\n')
 
 
+def test_idx_test_prefix_and_large_images_are_scaled(tmp_path):
+  """IDX files named test-... are the test set (KMNIST's style), and
+  images larger than 32x32 are scaled down to it, in all three planes."""
+  source, out = tmp_path / 'idx', tmp_path / 'out'
+  os.makedirs(source)
+  for prefix, n, fill in (('train', 4, 50), ('test', 2, 90)):
+    images = np.full((n, 40, 40), fill, np.uint8)
+    images[:, :, 20:] = 200  # Right half bright.
+    write_idx(source / ('%s-images-idx3-ubyte' % prefix), images)
+    write_idx(source / ('%s-labels-idx1-ubyte' % prefix), np.arange(n) % 2)
+  code, stdout, stderr = convert(source, out)
+  assert (code, stderr) == (0, '')
+  assert ('Wrote 4 training records (4 files) and 2 test records of 2 '
+          'classes' in stdout)
+  (train_labels, train), (test_labels, test) = all_records(out)
+  assert train_labels.tolist() == [0, 1, 0, 1]
+  assert test_labels.tolist() == [0, 1]
+  for images, fill in ((train, 50), (test, 90)):
+    for image in images.astype(int):
+      assert (image[0] == image[1]).all() and (image[1] == image[2]).all()
+      # 40 -> 32: the halves meet at column 16; only the columns by it
+      # blend (bicubic).
+      assert (image[0, :, :13] == fill).all(), image[0, 0]
+      assert (image[0, :, 19:] == 200).all(), image[0, 0]
+
+
 def test_idx_classes_are_named_by_number_unless_named(tmp_path):
   source = tmp_path / 'idx'
   idx_set(source, train=12, test=3)
@@ -237,6 +331,9 @@ def bad(tmp_path, name):
   elif name == 'idx_without_labels':
     idx_set(source)
     os.remove(source / 't10k-labels-idx1-ubyte.gz')
+  elif name == 'split_classes_differ':
+    image_tree(source / 'train', [2, 2])
+    image_tree(source / 'test', [2])
   elif name == 'idx_truncated':
     idx_set(source, gz=False)
     path = source / 'train-images-idx3-ubyte'
@@ -252,6 +349,8 @@ def bad(tmp_path, name):
     ('nothing', 'holds neither IDX files nor class folders'),
     ('idx_without_labels', 't10k-labels-idx1-ubyte.gz is missing'),
     ('idx_truncated', 'the file is truncated'),
+    ('split_classes_differ', 'have different class folders: they need the '
+     'same'),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, name, says):
   out = tmp_path / 'out'

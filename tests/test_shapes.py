@@ -82,6 +82,14 @@ def launch(procs, data_dir, train_dir, shape, max_steps, suffix):
   return name_step, step
 
 
+def aggregated_per_update(shape):
+  """Batches one update applies: 1 asynchronous, --replicas_to_aggregate=2
+  with a backup worker, else every worker's."""
+  num_workers, extra = shape[1], shape[2]
+  return (1 if ASYNC[0] in extra else 2 if BACKUP[0] in extra
+          else num_workers)
+
+
 def assert_rate_line(chief_log, shape, max_steps, start_step):
   """The chief's learning-rate line is the one worked out here: batches of
   16, RATE's cosine schedule and linear scaling from 0.1 for 128 examples,
@@ -89,9 +97,7 @@ def assert_rate_line(chief_log, shape, max_steps, start_step):
   after its first checkpoint, and the other workers may have taken steps by
   then (in synchronous training, too: gradients to aggregate may come from
   one worker)."""
-  num_workers, extra = shape[1], shape[2]
-  aggregated = (1 if ASYNC[0] in extra else 2 if BACKUP[0] in extra
-                else num_workers)
+  aggregated = aggregated_per_update(shape)
   top = 0.1 * 16 * aggregated / 128
   found = re.search(
       r'^Worker 0: learning rate: cosine from %s \(0\.1 x %d/128 examples '
@@ -183,6 +189,13 @@ def test_shape_trains_to_max_steps_and_resumes(procs, tiny_data, tmp_path,
   chief = procs.log('worker0')
   assert_balanced(chief, first[0])
   assert_rate_line(chief, first, 10, 0)
+  # The recorded schedule counts an update's examples: 350 epochs of the
+  # 200 records a decay, in updates of 16 x aggregated examples.
+  with open(os.path.join(train_dir, 'learning_rate.json')) as f:
+    record = json.load(f)
+  examples = 16 * aggregated_per_update(first)
+  assert (record['examples_per_update'], record['decay_steps']) == (
+      examples, {16: 4375, 32: 2187, 64: 1093}[examples]), record
   with open(os.path.join(train_dir, 'graph.pbtxt')) as f:
     # Asynchronous means no SyncReplicasOptimizer queues in the graph.
     assert ('sync_token_q' in f.read()) == (first[2] != ASYNC)
