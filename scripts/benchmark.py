@@ -467,15 +467,10 @@ def train_over_links(data_dir, work, steps, batch_sizes, rates, extra,
   """
   why = network_namespaces.why_unavailable() or (
       None if rates else 'no --network_rates given')
-  links = [(b, m, p, d, 2) for b in batch_sizes for m in [None] + rates
-           for p, d in [(p, 'float32') for p in ps_counts] + [
-               (1, d) for d in wire_dtypes if d != 'float32']]
-  links += [(max(1, b * 2 // n), m, p, 'float32', n) for n in worker_counts
-            if n != 2 for b in batch_sizes for m in [None] + rates
-            for p in ps_counts]
-  measured = {link: [] for link in links}
+  measured = {link: [] for link in network_links(
+      batch_sizes, rates, wire_dtypes, ps_counts, worker_counts)}
   for i in range(0 if why else rounds):
-    for link in links:
+    for link in measured:
       batch_size, mbit, num_ps, dtype, num_workers = link
       name = link_run_name(*link)
       print('Slow networks, round %d of %d: %s...' % (i + 1, rounds, name),
@@ -511,6 +506,17 @@ def train_over_links(data_dir, work, steps, batch_sizes, rates, extra,
                  'ms_per_step_rounds': ms,
                  'images_per_sec': 1e3 * images / statistics.median(ms)})
   return {'runs': runs}
+
+
+def network_links(batch_sizes, rates, wire_dtypes, ps_counts, worker_counts):
+  """The slow-network runs train_over_links makes, each a tuple (batch size,
+  Mbit/s or None, ps tasks, --transfer_dtype, workers)."""
+  links = [(b, m, p, d, 2) for b in batch_sizes for m in [None] + rates
+           for p, d in [(p, 'float32') for p in ps_counts] + [
+               (1, d) for d in wire_dtypes if d != 'float32']]
+  return links + [(max(1, b * 2 // n), m, p, 'float32', n)
+                  for n in worker_counts if n != 2 for b in batch_sizes
+                  for m in [None] + rates for p in ps_counts]
 
 
 def link_run_name(batch_size, mbit, num_ps, dtype, num_workers=2):
@@ -736,6 +742,22 @@ def parse_args(argv):
                       '--quick, 3 without)')
   parser.add_argument('--num_gpus', type=int, default=0,
                       help='GPUs per machine, passed to the trainer')
+  add_network_args(parser)
+  parser.add_argument('--only',
+                      help='a regular expression: train only the '
+                      'configurations whose name it finds, and the single '
+                      'process, e.g. "mixed precision"')
+  parser.add_argument('--plot', default='benchmark_network.png',
+                      help='where to draw images/s against link rate '
+                      '(default: %(default)s)')
+  parser.add_argument('--json', default='benchmark.json',
+                      help='where to write the numbers (default: '
+                      '%(default)s)')
+  return check_args(parser, parser.parse_args(argv))
+
+
+def add_network_args(parser):
+  """The slow-network runs' flags."""
   parser.add_argument('--network_rates', default=NETWORK_RATES,
                       help='link rates in Mbit/s for the slow-network runs '
                       '(needs root and iproute2; empty: none; default: '
@@ -752,10 +774,6 @@ def parse_args(argv):
                       help='times each slow-network run runs, interleaved; '
                       'the median counts (default: 1 with --quick, 3 '
                       'without)')
-  parser.add_argument('--only',
-                      help='a regular expression: train only the '
-                      'configurations whose name it finds, and the single '
-                      'process, e.g. "mixed precision"')
   parser.add_argument('--network_workers', default=NETWORK_WORKERS,
                       help='worker counts of the slow-network runs; a count '
                       'N other than 2 trains a batch of 2 / N of each of '
@@ -764,13 +782,11 @@ def parse_args(argv):
   parser.add_argument('--network_transfer_dtypes', default='float32,bfloat16',
                       help='--transfer_dtype values of the 1 ps slow-network '
                       'runs (default: %(default)s, with --quick float32)')
-  parser.add_argument('--plot', default='benchmark_network.png',
-                      help='where to draw images/s against link rate '
-                      '(default: %(default)s)')
-  parser.add_argument('--json', default='benchmark.json',
-                      help='where to write the numbers (default: '
-                      '%(default)s)')
-  args = parser.parse_args(argv)
+
+
+def check_args(parser, args):
+  """Refuses counts below 1, in one line; returns args with
+  --network_workers as a sorted list of counts."""
   given = args.network_workers
   if args.quick and given == NETWORK_WORKERS:
     given = '2'

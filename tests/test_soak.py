@@ -11,7 +11,6 @@ checkpoints remain.
 """
 
 import re
-import time
 
 import tensorflow as tf
 
@@ -34,7 +33,6 @@ def went_on_from(log):
 
 def test_kill_and_restart_every_role_again_and_again(procs, tiny_data,
                                                      tmp_path):
-  start = time.time()
   train_dir = str(tmp_path / 'train')
   flags = cluster_flags(tiny_data, train_dir, num_workers=3, num_ps=2) + [
       '--replicas_to_aggregate=2', '--max_steps=%d' % MAX_STEPS,
@@ -85,5 +83,3 @@ def test_kill_and_restart_every_role_again_and_again(procs, tiny_data,
   assert int(tf.train.load_variable(name, 'global_step')) == MAX_STEPS
   assert len(checkpoint_files(train_dir)) <= MAX_TO_KEEP
   assert listed(train_dir) == checkpoint_files(train_dir)
-  # Under a minute, as the suite's time allows (39-43 s on CI's 2 cores).
-  assert time.time() - start < 60
