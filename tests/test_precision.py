@@ -35,7 +35,7 @@ CONSTANT_RATE = learning_rate.Schedule('exponential', 0.1, 128, 'none', 0,
                                        1000, 1000, 0.1)
 
 # What a worker reads of the model per step, in float32: its 179,962
-# trainable parameters, once (see training_graph.wire_getter).
+# trainable parameters, once (see training_graph.Wire).
 MODEL_BYTES = 179962 * 4
 MIXED = re.compile(r'^Worker 0: (--mixed_precision: (bfloat16|float16) compute|'
                    r'warning: --mixed_precision on a CPU)', re.M)

@@ -1,0 +1,291 @@
+"""What a training step sends between a worker and its ps tasks.
+
+Every tensor that crosses costs both ends CPU of its own, so a step sends
+each kind once per ps: the weights packed into one tensor, their gradients
+into one, the BatchNorm statistics into one (from the chief, or every
+asynchronous worker), the synchronous worker's local step once. Checked in
+the graph a worker builds (the tensors its step runs that cross between
+tasks, named here by hand), and on a real cluster of gRPC servers: the
+packed step trains exactly as one process does.
+"""
+
+import json
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.training import training_util
+
+from conftest import free_ports
+
+import learning_rate
+import training_graph
+
+tf1 = tf.compat.v1
+
+SCHEDULE = learning_rate.Schedule('exponential', 0.1, 128, 'none', 0, 100,
+                                  100, 0.1)
+
+
+def task_of(op, by_name):
+  """(job, task) an op runs on, as TensorFlow's placer puts it: an op that
+  takes a resource (a variable's handle, a queue) beside the resource,
+  whatever its device says; otherwise in its colocation group, or on its
+  device."""
+  for tensor in op.inputs:
+    if tensor.dtype == tf.resource:
+      return task_of(tensor.op, by_name)
+  for group in op.colocation_groups():
+    name = group.decode()[len('loc:@'):]
+    if name != op.name and name in by_name:
+      return task_of(by_name[name], by_name)
+  spec = tf.DeviceSpec.from_string(op.device)
+  return spec.job, spec.task
+
+
+def step_graph(num_ps, sync, task_index):
+  """A worker's training graph on 1 ps + 2 workers (or 2 ps), not run;
+  returns (graph, the ops its step runs)."""
+  graph = tf.Graph()
+  cluster = tf.train.ClusterSpec({
+      'ps': ['ps%d:1' % i for i in range(num_ps)], 'worker': ['w0:1', 'w1:1']})
+  with graph.as_default():
+    inputs, variables = training_graph.devices(cluster, task_index, 0)
+    with tf1.device(inputs):
+      images = tf1.placeholder(tf.float32, [4, 32, 32, 3])
+      labels = tf1.placeholder(tf.int32, [4])
+    with tf1.device(variables):
+      built = training_graph.build(
+          images, labels, num_ps, task_index == 0, SCHEDULE,
+          sync=(2, 2) if sync else None, transfer_dtype=tf.float32)
+    # What the session loop and TensorFlow's hooks fetch every step.
+    fetches = [built.step_after, built.loss, built.accuracy] + tf1.get_collection(
+        training_util.GLOBAL_STEP_READ_KEY)
+  step, todo = set(), [t.op for t in fetches]
+  while todo:
+    op = todo.pop()
+    if op not in step:
+      step.add(op)
+      todo += [t.op for t in op.inputs] + list(op.control_inputs)
+  return graph, step
+
+
+def crossing(num_ps, sync, task_index):
+  """{(source task, destination task): sorted names of the tensors a step
+  sends}: its data edges between tasks, but the handles of resources (they
+  move no data), named by the tensor; and its control edges between tasks
+  as TensorFlow's partitioner sends them: one transfer for each op another
+  task's ops wait on (named ^ and the op), except where one op waits on
+  several of another task's, grouped into one (named ^group: and the op
+  that waits). Each name without the suffix that makes it unique in the
+  graph (packed_2 is a packed)."""
+  graph, step = step_graph(num_ps, sync, task_index)
+  by_name = {op.name: op for op in graph.get_operations()}
+  sent = {}
+  for op in step:
+    here = '%s%d' % task_of(op, by_name)
+    edges = [(t.op, t.name) for t in op.inputs if t.dtype != tf.resource]
+    waits = {}
+    for dep in op.control_inputs:
+      waits.setdefault('%s%d' % task_of(dep, by_name), []).append(dep)
+    for there, deps in waits.items():
+      if there != here:
+        edges.append((deps[0], '^' + deps[0].name if len(deps) == 1 else
+                      '^group:' + op.name))
+    for source, name in edges:
+      there = '%s%d' % task_of(source, by_name)
+      if there != here:
+        sent.setdefault((there, here), set()).add(name)
+  return {edge: sorted(re.sub(r'_\d+(?=[/:_]|$)', '', n).replace(':0', '')
+                       for n in names) for edge, names in sent.items()}
+
+
+# Read on the ps after the step: the global step it reached.
+STEP_AFTER = 'Read/ReadVariableOp'
+# The worker's local step, read on the worker (the accumulators' input).
+LOCAL_STEP = 'cifar10_sync_replicas/ReadVariableOp'
+GRADIENTS = 'gradients/split_grad/concat'  # The packed gradients.
+TOKEN = 'sync_token_q_Dequeue'
+
+
+def test_a_synchronous_chief_sends_each_kind_once():
+  """1 ps: the weights come in one tensor, and go back their gradients in
+  one, the 10 BatchNorm statistics in one, the local step (for the
+  accumulators' staleness check) once; the token comes back. Besides, a
+  control edge each way (the train op's group on the ps, and the read of
+  the step after it). Was 65 transfers a step in a trace (12 weights,
+  12 gradients, 12 local steps, 20 for the statistics, 6 for the hooks'
+  read of the global step...)."""
+  assert crossing(1, True, 0) == {
+      ('ps0', 'worker0'): sorted(['packed', TOKEN, STEP_AFTER,
+                                  '^train_op/NoOp']),
+      ('worker0', 'ps0'): sorted([GRADIENTS, 'packed', LOCAL_STEP,
+                                  '^train_op'])}
+
+
+def test_a_synchronous_worker_sends_no_statistics():
+  """Not the chief: no statistics, so nothing of the train op on the ps."""
+  assert crossing(1, True, 1) == {
+      ('ps0', 'worker1'): sorted(['packed', TOKEN, STEP_AFTER]),
+      ('worker1', 'ps0'): sorted([GRADIENTS, LOCAL_STEP, '^train_op'])}
+
+
+def test_with_two_ps_each_gets_its_own_packs():
+  """Each ps holds its own variables and parts of the big kernels (see
+  ps_placement): one pack each way for each, the statistics to the ps
+  that holds them, the local step once to each; the global step and the
+  token from ps 0, which waits for ps 1's accumulators once (was 9
+  control edges: one from each of its accumulators)."""
+  assert crossing(2, True, 0) == {
+      ('ps0', 'worker0'): sorted(['packed', TOKEN, STEP_AFTER,
+                                  '^train_op/NoOp']),
+      ('ps1', 'worker0'): sorted(['packed', '^train_op/NoOp']),
+      ('ps1', 'ps0'): ['^gradients_taken'],
+      ('worker0', 'ps0'): sorted([GRADIENTS, 'packed', LOCAL_STEP,
+                                  '^train_op']),
+      ('worker0', 'ps1'): sorted([GRADIENTS, 'packed', LOCAL_STEP])}
+
+
+def test_an_asynchronous_worker_sends_the_rate_it_trained_at():
+  """Asynchronous, 2 ps: no token or local step; each worker updates the
+  statistics itself, and sends each ps the learning rate its step
+  computed from the global step. The rest are the control edges of the
+  optimizer's groups (TensorFlow's, left as they are: the asynchronous
+  cluster is not the slower one)."""
+  assert crossing(2, False, 1) == {
+      ('ps0', 'ps1'): ['ExponentialMovingAverage/num_updates/ReadVariableOp',
+                       '^GradientDescent'],
+      ('ps0', 'worker1'): sorted([
+          'packed', 'ExponentialDecay/Cast/ReadVariableOp', STEP_AFTER,
+          '^GradientDescent/update/NoOp', '^group:moving_averages',
+          '^train_op/NoOp']),
+      ('ps1', 'worker1'): sorted([
+          'packed', '^GradientDescent/update/NoOp', '^moving_averages/NoOp',
+          '^train_op/NoOp']),
+      ('worker1', 'ps0'): sorted(['ExponentialDecay', GRADIENTS, 'packed',
+                                  '^GradientDescent/update', '^train_op']),
+      ('worker1', 'ps1'): sorted(['ExponentialDecay', GRADIENTS, 'packed'])}
+
+
+# Two ps and a worker task, as gRPC servers in one process of their own
+# (killed by PID at the end: TensorFlow cannot stop a server it started).
+SERVERS = """
+import json, sys
+import tensorflow as tf
+spec = tf.train.ClusterSpec(json.loads(sys.argv[1]))
+servers = [tf.distribute.Server(spec, job, task) for job, task in
+           (('ps', 0), ('ps', 1), ('worker', 0))]
+print('serving', flush=True)
+servers[0].join()
+"""
+
+
+def one_step(target, cluster, checkpoint, batch, out):
+  """Restores checkpoint into the trainer's graph (over cluster's 2 ps, or
+  in one process with cluster None), runs one asynchronous step on batch,
+  saves the result to out; returns (its path, {(source task, destination
+  task): the transfers TensorFlow's partitioned graphs of the step made}).
+  """
+  with tf.Graph().as_default():
+    if cluster:
+      inputs, variables = training_graph.devices(cluster, 0, 0)
+    else:
+      inputs = variables = '/cpu:0'
+    with tf1.device(inputs):
+      images = tf.constant(batch[0])
+      labels = tf.constant(batch[1])
+    with tf1.device(variables):
+      built = training_graph.build(
+          images, labels, 2 if cluster else 0, True, SCHEDULE,
+          transfer_dtype=tf.float32 if cluster else None)
+    saver = tf1.train.Saver(sharded=bool(cluster))
+    config = tf1.ConfigProto(operation_timeout_in_ms=120000)  # No hang.
+    with tf1.Session(target, config=config) as sess:
+      saver.restore(sess, checkpoint)
+      metadata = tf1.RunMetadata()
+      assert sess.run(built.step_after, options=tf1.RunOptions(
+          output_partition_graphs=True), run_metadata=metadata) == 1
+      return saver.save(sess, out), received(tf1.get_default_graph(),
+                                             metadata.partition_graphs)
+
+
+def received(graph, partition_graphs):
+  """{(source task, destination task): (sorted names of the tensors sent,
+  how many control transfers)} in the partitions of a step of graph, from
+  their _Recv nodes (named as crossing() names them)."""
+  sent = {}
+  for partition in partition_graphs:
+    for node in partition.node:
+      if node.op != '_Recv':
+        continue
+      ends = tuple('%s%d' % (spec.job, spec.task) for spec in (
+          tf.DeviceSpec.from_string(node.attr[key].s.decode())
+          for key in ('send_device', 'recv_device')))
+      if ends[0] == ends[1]:
+        continue
+      names, control = sent.get(ends, ([], 0))
+      source = re.sub(r'^edge_\d+_', '', node.attr['tensor_name'].s.decode())
+      if source.startswith('GroupCrossDeviceControlEdges') or (
+          not graph.get_operation_by_name(source).outputs):  # Control.
+        control += 1
+      else:
+        names = sorted(names + [re.sub(r'_\d+(?=[/:_]|$)', '', source)])
+      sent[ends] = (names, control)
+  return sent
+
+
+def test_the_packed_step_trains_as_one_process(procs, tmp_path, monkeypatch):
+  """One step on 2 ps and a worker (gRPC servers, in a process of their
+  own), through the packs,
+  the BatchNorm updates on the ps and the partitioned kernels, from the
+  same weights and on the same batch as one process: every variable after
+  it (weights, statistics, averages) the same. Dropout off, so that the
+  two steps draw nothing at random."""
+  monkeypatch.setattr(training_graph, 'DROPOUT_KEEP_PROB', 1.0)
+  ports = free_ports(3)
+  hosts = ['localhost:%d' % p for p in ports]
+  spec = {'ps': hosts[:2], 'worker': hosts[2:]}
+  procs.start('servers', ['-c', SERVERS, json.dumps(spec)],
+              env={'TF_CPP_MIN_LOG_LEVEL': '2'})
+  procs.wait_for_line('servers', 'serving', 60)
+  rng = np.random.default_rng(0)
+  batch = (rng.normal(size=(8, 32, 32, 3)).astype(np.float32),
+           rng.integers(0, 10, size=8).astype(np.int32))
+  initial = str(tmp_path / 'initial')
+  with tf.Graph().as_default():
+    training_graph.build(tf.constant(batch[0]), tf.constant(batch[1]), 0,
+                         True, SCHEDULE)
+    saver = tf1.train.Saver()
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      initial = saver.save(sess, initial)
+  alone, _ = one_step('', None, initial, batch, str(tmp_path / 'alone'))
+  packed, transfers = one_step('grpc://' + hosts[2],
+                               tf.train.ClusterSpec(spec), initial, batch,
+                               str(tmp_path / 'packed'))
+  # The tensors TensorFlow sent are those the graph says it sends (see
+  # crossing; named by hand in the asynchronous test above, for worker 1,
+  # whose graph is worker 0's); its control transfers are fewer than
+  # crossing counts (its graph optimizer merges the NoOps of groups): 1-2.
+  static = crossing(2, False, 0)
+  assert {edge: names for edge, (names, _) in transfers.items()} == {
+      edge: [n for n in names if not n.startswith('^')]
+      for edge, names in static.items()}
+  assert {edge: control for edge, (_, control) in transfers.items()} == {
+      ('ps0', 'ps1'): 1, ('ps0', 'worker0'): 2, ('ps1', 'worker0'): 2,
+      ('worker0', 'ps0'): 2, ('worker0', 'ps1'): 0}
+  alone, packed = tf.train.load_checkpoint(alone), tf.train.load_checkpoint(
+      packed)
+  names = alone.get_variable_to_shape_map()
+  assert names == packed.get_variable_to_shape_map()
+  assert len(names) == 1 + 12 + 10 + 12  # Step, weights, statistics, averages.
+  initial = tf.train.load_checkpoint(initial)
+  for name in names:
+    start = initial.get_tensor(name)
+    moved = alone.get_tensor(name) - start
+    assert moved.any(), name  # Each moved by the step...
+    # ...and by as much through the cluster (the change compared, not the
+    # values: a moving variance near 1 moves by 0.005 a step).
+    np.testing.assert_allclose(packed.get_tensor(name) - start, moved,
+                               rtol=1e-4, atol=1e-8, err_msg=name)
