@@ -38,6 +38,21 @@ def tiny_data(tmp_path_factory):
   return data_dir
 
 
+# Every task of a cluster spec (JSON in argv[1]) as a gRPC server, all in
+# one process of their own, for tests that build a worker's graph in the
+# test itself: start it with procs.start (it is killed by PID at the end:
+# TensorFlow cannot stop a server it started) and wait for "serving".
+SERVERS = """
+import json, sys
+import tensorflow as tf
+spec = tf.train.ClusterSpec(json.loads(sys.argv[1]))
+servers = [tf.distribute.Server(spec, job, task) for job in spec.jobs
+           for task in spec.task_indices(job)]
+print('serving', flush=True)
+servers[0].join()
+"""
+
+
 def free_ports(n):
   """Returns n distinct TCP ports, free now, that no other connection takes
   before the tasks bind them (see scripts/free_ports.py)."""

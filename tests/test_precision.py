@@ -23,7 +23,7 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 
 tf1 = tf.compat.v1
 
-from conftest import free_ports
+from conftest import SERVERS, free_ports
 from test_cluster import assert_clean_logs, checkpoint_step, checkpoint_steps
 from test_cluster import PROGRESS, cluster_flags, single_process_flags
 from test_cluster import start_cluster
@@ -466,27 +466,14 @@ def test_every_3_good_steps_in_a_row_double_the_scale():
       (n, 0, True) for n in range(1, 11)]  # None skipped, every one applied.
 
 
-# A ps and two worker tasks, as gRPC servers in one process of their own
-# (killed by PID at the end: TensorFlow cannot stop a server it started);
-# the workers' servers rewrite their graphs to float16 as a worker does.
-SERVERS = """
-import json, sys
-import tensorflow as tf
-spec = tf.train.ClusterSpec(json.loads(sys.argv[1]))
-servers = [tf.distribute.Server(spec, job, task) for job, task in
-           (('ps', 0), ('worker', 0), ('worker', 1))]
-print('serving', flush=True)
-servers[0].join()
-"""
-
-
 @pytest.fixture
 def two_workers(procs):
   """Returns start(initial_scale): two asynchronous workers' graphs of the
   trainer (float16 compute on the CPU, with its loss scaling) on a real
-  cluster of 1 ps and 2 workers, the model initialized, each with a
-  session on its worker's server: [(TrainingGraph, session)] for worker 0
-  and 1."""
+  cluster of 1 ps and 2 workers (conftest.SERVERS; the workers' servers
+  rewrite their graphs to float16 as a worker does), the model
+  initialized, each with a session on its worker's server:
+  [(TrainingGraph, session)] for worker 0 and 1."""
   ports = free_ports(3)
   hosts = ['localhost:%d' % p for p in ports]
   cluster = {'ps': hosts[:1], 'worker': hosts[1:]}

@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.training import training_util
 
-from conftest import free_ports
+from conftest import SERVERS, free_ports
 
 import learning_rate
 import training_graph
@@ -166,19 +166,6 @@ def test_an_asynchronous_worker_sends_the_rate_it_trained_at():
       ('worker1', 'ps0'): sorted(['ExponentialDecay', GRADIENTS, 'packed',
                                   '^GradientDescent/update', '^train_op']),
       ('worker1', 'ps1'): sorted(['ExponentialDecay', GRADIENTS, 'packed'])}
-
-
-# Two ps and a worker task, as gRPC servers in one process of their own
-# (killed by PID at the end: TensorFlow cannot stop a server it started).
-SERVERS = """
-import json, sys
-import tensorflow as tf
-spec = tf.train.ClusterSpec(json.loads(sys.argv[1]))
-servers = [tf.distribute.Server(spec, job, task) for job, task in
-           (('ps', 0), ('ps', 1), ('worker', 0))]
-print('serving', flush=True)
-servers[0].join()
-"""
 
 
 def one_step(target, cluster, checkpoint, batch, out):
