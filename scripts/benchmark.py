@@ -56,6 +56,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-posi
 
 import cifar10_input  # pylint: disable=g-import-not-at-top,wrong-import-position
 import cluster_runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
+import cpu_profile  # pylint: disable=g-import-not-at-top,wrong-import-position
 import cifar10_model  # pylint: disable=g-import-not-at-top,wrong-import-position
 from free_ports import free_ports  # pylint: disable=g-import-not-at-top,wrong-import-position
 import network_namespaces  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -191,18 +192,11 @@ def bytes_per_step():
           'largest_ps_share': plan_cluster.largest_shares(2)}
 
 
-def run_training(name, data_dir, work, num_ps, num_workers, steps,
-                 batch_size, extra, network=None):
-  """Runs a training job in subprocesses; returns its measurements.
-
-  With a network_namespaces.Network, each task runs on a host of its own
-  there, and each worker on cores of its own (pinned_worker).
-  """
-  train_dir = os.path.join(work, name)
-  common = ['--data_dir=' + data_dir, '--train_dir=' + train_dir,
-            '--max_steps=%d' % steps, '--batch_size=%d' % batch_size,
-            '--log_frequency=1', '--save_checkpoint_steps=%d' % (steps * 10),
-            '--save_summaries_steps=%d' % (steps * 10)] + extra
+def training_tasks(num_ps, num_workers, network=None):
+  """[(task, its cluster flags, its command prefix)] of a training run: one
+  process for num_ps=0; else on free localhost ports, or with a
+  network_namespaces.Network each task on a host of its own there and each
+  worker on cores of its own (pinned_worker)."""
   tasks = []
   if num_ps == 0:
     tasks.append(('worker0', ['--ps_hosts='], []))
@@ -226,29 +220,60 @@ def run_training(name, data_dir, work, num_ps, num_workers, steps,
           prefix += ['taskset', '-c', cores]
           flags.append('--intra_op_threads=%d' % threads)
       tasks.append((task, flags, prefix))
+  return tasks
+
+
+def run_training(name, data_dir, work, num_ps, num_workers, steps,
+                 batch_size, extra, network=None, perf=False):
+  """Runs a training job in subprocesses; returns its measurements.
+
+  With a network_namespaces.Network, each task runs on a host of its own
+  there, and each worker on cores of its own (pinned_worker). With perf,
+  `perf record -a` runs beside it, and its steady state's CPU is split by
+  kind of work (cpu_profile).
+  """
+  train_dir = os.path.join(work, name)
+  common = ['--data_dir=' + data_dir, '--train_dir=' + train_dir,
+            '--max_steps=%d' % steps, '--batch_size=%d' % batch_size,
+            '--log_frequency=1', '--save_checkpoint_steps=%d' % (steps * 10),
+            '--save_summaries_steps=%d' % (steps * 10)] + extra
+  tasks = training_tasks(num_ps, num_workers, network)
   launched = time.time()
   sampler = CpuSampler()
-  run_tasks(name, work, [(task, prefix, flags + common)
-                         for task, flags, prefix in tasks],
-            timeout=60 + steps * 10, sampler=sampler)
+  recorder = cpu_profile.Recorder(os.path.join(work, name + '.perf'))
+  if perf:
+    recorder.start()
+  try:
+    run_tasks(name, work, [(task, prefix, flags + common)
+                           for task, flags, prefix in tasks],
+              timeout=60 + steps * 10, sampler=sampler)
+  finally:
+    recorder.stop()
   gone = time.time()
   lines = [progress_times(os.path.join(work, '%s-%s.log' % (name, task)))
            for task, _, _ in tasks if task.startswith('worker')]
-  rate, cpu = steady_state(lines, batch_size, sampler)
+  rate, window = steady_state(lines, batch_size)
   # A synchronous worker may get no step at all: others took its tokens.
   lines = [t for t in lines if t]
-  return {'images_per_sec': rate,
-          'first_step_secs': min(t[0] for t in lines) - launched,
-          'shutdown_secs': gone - max(t[-1] for t in lines),
-          'cpu_ms_per_image': cpu}
+  result = {'images_per_sec': rate,
+            'first_step_secs': min(t[0] for t in lines) - launched,
+            'shutdown_secs': gone - max(t[-1] for t in lines),
+            'cpu_ms_per_image': cpu_ms_per_image(sampler, *window)}
+  if perf:
+    result['perf_ms_per_image'] = cpu_profile.profile(
+        recorder, {pid: 'ps' if task.startswith('ps') else 'workers'
+                   for task, pid in sampler.pids.items()}, *window)
+    os.remove(recorder.path)
+  return result
 
 
-def steady_state(lines, batch_size, sampler):
-  """(images/s, CPU ms per image by task) of the second half of each
+def steady_state(lines, batch_size):
+  """(images/s, (start, end, images)) of the second half of each
   worker's steps, from each worker's progress times. (In a short
   asynchronous run a late worker may get one step or none: it adds none.)
-  The CPU is every process's over the span of those halves, per image
-  trained in it (each progress line in it is one of that worker's steps).
+  The window is the span of those halves, and the images trained in it
+  (each progress line in it is one of that worker's steps), over which
+  the CPU is counted; (0, 0, 0) when there is none.
   """
   rate, halves = 0.0, []
   for times in lines:
@@ -257,11 +282,11 @@ def steady_state(lines, batch_size, sampler):
       rate += (len(half) - 1) * batch_size / (half[-1] - half[0])
       halves.append(half)
   if not halves:
-    return rate, {}
+    return rate, (0.0, 0.0, 0)
   start, end = (min(h[0] for h in halves), max(h[-1] for h in halves))
   images = batch_size * sum(1 for times in lines for t in times
                             if start < t <= end)
-  return rate, cpu_ms_per_image(sampler, start, end, images)
+  return rate, (start, end, images)
 
 
 def run_peer(name, data_dir, work, steps, batch_size, flags):
@@ -334,15 +359,20 @@ TICKS = os.sysconf('SC_CLK_TCK')
 def tree_cpu_secs(pid):
   """CPU seconds (user + system) of a live process and its live
   descendants (a prefix such as `ip netns exec` may run the task as a
-  child); 0 for what has gone."""
+  child); 0 for what has gone.
+
+  Only the main thread's children are looked for, where a prefix starts
+  its command: reading the children of each of a trainer's 150 threads ten
+  times a second cost the benchmark's own process 0.02 CPU ms per image of
+  a 3-process cluster, and 0.003 of one process (`--perf`'s "other").
+  """
   total = 0.0
   try:
     with open('/proc/%d/stat' % pid) as f:
       fields = f.read().rsplit(')', 1)[1].split()
     total += (int(fields[11]) + int(fields[12])) / TICKS
-    for task in os.listdir('/proc/%d/task' % pid):
-      with open('/proc/%d/task/%s/children' % (pid, task)) as f:
-        total += sum(tree_cpu_secs(int(c)) for c in f.read().split())
+    with open('/proc/%d/task/%d/children' % (pid, pid)) as f:
+      total += sum(tree_cpu_secs(int(c)) for c in f.read().split())
   except (OSError, IndexError, ValueError):
     pass
   return total
@@ -641,7 +671,7 @@ def markdown(results):
         name, r['images_per_sec'], per_gpu, r['ratio'],
         ', '.join('%.2f' % x for x in r['ratios'])))
   out += peer_markdown(results['training']) + cpu_markdown(
-      results['training'])
+      results['training']) + perf_markdown(results['training'])
   s = results['startup']
   b = results['bytes']
   out += ['', '| startup and shutdown (1 ps + 2 workers, sync) | seconds |',
@@ -703,6 +733,45 @@ def cpu_markdown(training):
   return out
 
 
+def median_cpu(runs):
+  """{task: the median over the runs of its CPU ms per image}, of the runs
+  that measured a steady state."""
+  cpu = [r['cpu_ms_per_image'] for r in runs if r['cpu_ms_per_image']]
+  return {task: statistics.median(c[task] for c in cpu)
+          for task in (cpu[0] if cpu else ())}
+
+
+def median_profile(profiles):
+  """The median over the rounds of each {group: {kind: ms}} entry (a
+  kind a round did not sample counts 0 there)."""
+  groups = {g for p in profiles for g in p}
+  return {g: {k: statistics.median(p.get(g, {}).get(k, 0.0)
+                                   for p in profiles)
+              for k in {k for p in profiles for k in p.get(g, {})}}
+          for g in groups}
+
+
+def perf_markdown(training):
+  """With --perf: each run's CPU ms per image in its steady state, by
+  group of processes and kind of work; none without."""
+  runs = {n: r['perf_ms_per_image'] for n, r in training.items()
+          if 'perf_ms_per_image' in r}
+  if not runs:
+    return []
+  out = ['', '| perf: CPU ms per image, steady state (median of the rounds) '
+         '| %s | all |' % ' | '.join(cpu_profile.ORDER),
+         '|---|' + '---|' * (len(cpu_profile.ORDER) + 1)]
+  for name, groups in runs.items():
+    for group in ('workers', 'ps', 'other', 'idle'):
+      if group in groups:
+        row = groups[group]
+        out.append('| %s: %s | %s | %.3f |' % (
+            name, group, ' | '.join('%.3f' % row.get(k, 0.0)
+                                    for k in cpu_profile.ORDER),
+            sum(row.values())))
+  return out
+
+
 def network_markdown(network):
   """The slow-network table, or the line that says why there is none."""
   if 'skipped' in network:
@@ -743,6 +812,11 @@ def parse_args(argv):
   parser.add_argument('--num_gpus', type=int, default=0,
                       help='GPUs per machine, passed to the trainer')
   add_network_args(parser)
+  parser.add_argument('--perf', action='store_true',
+                      help='split each training run\'s CPU in its steady '
+                      'state by process and kind of work (oneDNN, gRPC, '
+                      'the kernel...) with `perf record -a`: needs perf and '
+                      'root (scripts/cpu_profile.py)')
   parser.add_argument('--only',
                       help='a regular expression: train only the '
                       'configurations whose name it finds, and the single '
@@ -794,6 +868,10 @@ def check_args(parser, args):
     parser.error('--network_workers must be worker counts of 1 or more, '
                  'comma-separated, e.g. 2,8 (got "%s")' % given)
   args.network_workers = sorted({int(n) for n in given.split(',')})
+  missing = args.perf and cpu_profile.unavailable()
+  if missing:
+    parser.error('--perf: %s; run without it, or where perf may record '
+                 'every CPU (as root)' % missing)
   for name in ('rounds', 'network_rounds', 'steps', 'network_steps'):
     if getattr(args, name) is not None and getattr(args, name) < 1:
       parser.error('--%s must be 1 or more, got %d' % (name,
@@ -833,7 +911,7 @@ def main(argv=None):
     results['input_cpu_ms_per_record'] = dict(INPUT_CPU_MS)
     results['training'] = train_all(data_dir, work, steps, args.batch_size,
                                     extra, args.num_gpus, results['rounds'],
-                                    args.quick, args.only)
+                                    args.quick, args.only, args.perf)
     results['against_tf2'] = {name: {'ratio': median, 'ratios': rounds}
                               for name, (median, rounds) in against_peer(
                                   results['training']).items()}
@@ -864,7 +942,7 @@ def main(argv=None):
 
 
 def train_all(data_dir, work, steps, batch_size, extra, num_gpus, rounds,
-              quick, only=None):
+              quick, only=None, perf=False):
   """Runs the training configurations (with quick, those of QUICK_RUNS),
   round after round; returns {name: measurements}, each the median of the
   rounds.
@@ -904,20 +982,19 @@ def train_all(data_dir, work, steps, batch_size, extra, num_gpus, rounds,
       else:
         measured[name].append(run_training(
             run_name, data_dir, work, num_ps, num_workers, steps, batch_size,
-            flags + extra))
+            flags + extra, perf=perf))
   training = {}
-  for name, _, num_workers, _ in runs:
+  for name, _, num_workers, flags in runs:
     ratios = [r['images_per_sec'] / s['images_per_sec'] for r, s in
               zip(measured[name], measured['single process'])]
     training[name] = {
         key: statistics.median(r[key] for r in measured[name])
         for key in ('images_per_sec', 'first_step_secs', 'shutdown_secs')}
-    cpu = [r['cpu_ms_per_image'] for r in measured[name]
-           if r['cpu_ms_per_image']]
-    training[name]['cpu_ms_per_image'] = {
-        task: statistics.median(c[task] for c in cpu)
-        for task in (cpu[0] if cpu else ())}
+    training[name]['cpu_ms_per_image'] = median_cpu(measured[name])
     training[name].update(ratio=statistics.median(ratios), ratios=ratios)
+    if perf and flags[:1] != [PEER]:
+      training[name]['perf_ms_per_image'] = median_profile(
+          [r['perf_ms_per_image'] for r in measured[name]])
     if num_gpus:
       training[name]['images_per_gpu'] = (training[name]['images_per_sec'] /
                                           min(num_workers, num_gpus))

@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from conftest import ROOT
+import cpu_profile
 import network_namespaces
 import plan_cluster
 
@@ -27,12 +28,14 @@ RUNS = {'single process', SYNC_ROW, PEER_ROW}
 
 def test_benchmark_quick_run(tmp_path):
   out = tmp_path / 'bench.json'
+  perf = cpu_profile.unavailable() is None  # As root, with perf: --perf.
   # In a session of its own: if it hangs, the group (its PID) is killed with
   # every task it started, not just the script.
   proc = subprocess.Popen(
       [sys.executable, os.path.join(ROOT, 'scripts', 'benchmark.py'),
        '--quick', '--steps=16', '--batch_size=16', '--json', str(out),
-       '--only=^1 ps \\+ 2 workers, sync$|^TF2.*\\(async\\)$'],
+       '--only=^1 ps \\+ 2 workers, sync$|^TF2.*\\(async\\)$'] +
+      ['--perf'] * perf,
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
       cwd=str(tmp_path), start_new_session=True)
   try:
@@ -75,6 +78,8 @@ def test_benchmark_quick_run(tmp_path):
     assert all(v > 0 for v in ms.values()), (name, ms)
     used = sum(ms.values()) * run['images_per_sec'] / 1e3  # Cores.
     assert 0.33 <= used <= cores * 1.25, (name, ms, used)
+  if perf:
+    assert_perf(results, stdout)
   assert set(results['input_cpu_ms_per_record']) == set(
       list(results['input'])[:2])
   for name, ms in results['input_cpu_ms_per_record'].items():
@@ -94,6 +99,24 @@ def test_benchmark_quick_run(tmp_path):
   assert 0 < startup['import_secs'] < startup['first_step_secs']
   assert startup['shutdown_secs'] >= 0
   assert_network(results, stdout, tmp_path / 'benchmark_network.png')
+
+
+def assert_perf(results, stdout):
+  """--perf split our runs' CPU (not the peer's) by process and kind of
+  work; its samples and /proc's counters measure the workers' alike."""
+  for name, run in results['training'].items():
+    if name == PEER_ROW:
+      assert 'perf_ms_per_image' not in run
+      continue
+    groups = run['perf_ms_per_image']
+    ours = {'workers', 'ps'} if name == SYNC_ROW else {'workers'}
+    assert ours <= set(groups) <= ours | {'idle', 'other'}, (name, groups)
+    by_perf = sum(groups['workers'].values())
+    by_proc = sum(v for k, v in run['cpu_ms_per_image'].items()
+                  if k.startswith('worker'))
+    assert 0.6 * by_proc <= by_perf <= 1.4 * by_proc, (name, groups, by_proc)
+    assert groups['workers']['compute: oneDNN kernels'] > 0, (name, groups)
+    assert '| %s: workers | ' % name in stdout, name
 
 
 def assert_network(results, stdout, plot):
@@ -198,3 +221,18 @@ def test_network_workers_must_be_counts(capsys):
   assert benchmark.parse_args(['--quick']).network_workers == [2]
   assert benchmark.parse_args(['--quick', '--network_workers=8,2,8'
                                ]).network_workers == [2, 8]
+
+
+def test_perf_where_perf_cannot_record_is_one_line(capsys, monkeypatch,
+                                                   tmp_path):
+  """--perf on a machine without the perf command: exit 2 before anything
+  runs, saying what is missing and what to do."""
+  import benchmark  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv('PATH', str(tmp_path))  # An empty folder: no perf.
+  with pytest.raises(SystemExit) as exited:
+    benchmark.parse_args(['--perf'])
+  assert exited.value.code == 2
+  assert capsys.readouterr().err.splitlines()[-1].endswith(
+      ': error: --perf: no perf command (Debian: apt-get install '
+      'linux-perf); run without it, or where perf may record every CPU (as '
+      'root)')
