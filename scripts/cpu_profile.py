@@ -50,7 +50,10 @@ KINDS = (
 )
 REST = 'TensorFlow runtime, the rest'
 ORDER = [kind for kind, _ in KINDS] + [REST]
-SAMPLE = re.compile(r'^\s*(\d+)\s+(\d+\.\d+):\s+[0-9a-f]+\s+(.*?)\s+\((.*)\)$')
+# PID, time, address, function (C++ names hold spaces and parentheses),
+# and the file it is in, in parentheses.
+SAMPLE = re.compile(
+    r'^\s*(\d+)\s+(\d+\.\d+):\s+[0-9a-f]+\s+(.*)\s+\(([^()]*)\)$')
 
 
 def unavailable():
@@ -62,8 +65,11 @@ def unavailable():
         ['perf', 'record', '-a', '-q', '-e', 'cpu-clock', '-o', out.name,
          '--', 'true'], capture_output=True, text=True, check=False)
   if done.returncode:
-    lines = (done.stderr.strip() or 'exit status %d' % done.returncode)
-    return 'perf record -a refused: %s' % lines.splitlines()[0]
+    # perf's first line may be a bare "Error:"; the reason follows it.
+    said = [l.strip() for l in done.stderr.splitlines()
+            if l.strip() not in ('', 'Error:')]
+    return 'perf record -a refused: %s' % (
+        said[0] if said else 'exit status %d' % done.returncode)
   return None
 
 

@@ -35,6 +35,13 @@ LINES = [
     'brgemm_convolution_fwd_t::execute (%s)' % TF,
     '    0 72946.975724:  ffffffff822613eb pv_native_safe_halt '
     '([kernel.kallsyms])',
+    # C++ names with spaces and parentheses; Python's C functions; code
+    # perf's JIT support names.
+    '14527 72947.000000:      7fe600000040 std::_Function_handler<void (long,'
+    ' long), tensorflow::Executor>::_M_invoke (%s)' % TF,
+    '14527 72947.100000:      7fe600000050 time_time '
+    '(/usr/lib/libpython3.11.so.1.0)',
+    '14527 72947.200000:      7fe600000060 [unknown] ([JIT] tid 14530)',
     'a line of another shape',
 ]
 
@@ -51,19 +58,27 @@ def test_each_line_gets_its_process_time_and_kind():
       (14527, 72936.6, 'Python'),
       (14527, 72936.7, 'compute: oneDNN kernels'),
       (0, 72946.975724, 'TensorFlow runtime, the rest'),
+      (14527, 72947.0, 'TensorFlow runtime, the rest'),
+      (14527, 72947.1, 'Python'),
+      (14527, 72947.2, 'compute: oneDNN kernels'),
   ]
+  # The function's name whole, the file apart.
+  line = LINES[10]
+  assert cpu_profile.SAMPLE.match(line).group(3, 4) == (
+      'std::_Function_handler<void (long, long), tensorflow::Executor>::'
+      '_M_invoke', TF)
 
 
 def test_samples_in_the_window_count_2_ms_each_per_image():
   samples = [(10, 5.0, 'Python'),  # At the window's start: outside.
-             (10, 5.5, 'Python'), (10, 6.0, 'Python'),
+             (10, 5.5, 'Python'), (12, 6.0, 'Python'),  # Two workers.
              (11, 5.5, 'gRPC, sockets, protobuf'),
              (0, 5.7, 'kernel: scheduling, syscalls'),
              (99, 5.8, 'Python'),
              (10, 6.1, 'Python')]  # After its end: outside.
   # A sample is 1/499 s: 2.004 ms; over 4 images 0.501 ms an image.
-  assert cpu_profile.ms_per_image(samples, {10: 'workers', 11: 'ps'}, 5.0,
-                                  6.0, 4) == {
+  assert cpu_profile.ms_per_image(
+      samples, {10: 'workers', 11: 'ps', 12: 'workers'}, 5.0, 6.0, 4) == {
       'workers': {'Python': pytest.approx(1.002004)},
       'ps': {'gRPC, sockets, protobuf': pytest.approx(0.501002)},
       'idle': {'kernel: scheduling, syscalls': pytest.approx(0.501002)},
@@ -71,28 +86,71 @@ def test_samples_in_the_window_count_2_ms_each_per_image():
   assert cpu_profile.ms_per_image(samples, {10: 'workers'}, 5.0, 6.0, 0) == {}
 
 
-@pytest.mark.skipif(cpu_profile.unavailable() is not None,
-                    reason='perf cannot record every CPU here: %s' %
-                    cpu_profile.unavailable())
-def test_a_recording_gives_a_busy_process_its_cpu_time(tmp_path):
+MISSING = cpu_profile.unavailable()
+
+
+def cpu_secs(pid):
+  """A live process's user + system CPU seconds, from /proc."""
+  with open('/proc/%d/stat' % pid) as f:
+    fields = f.read().rsplit(')', 1)[1].split()
+  return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
+
+
+@pytest.mark.skipif(MISSING is not None, reason='perf cannot record every '
+                    'CPU here: %s' % MISSING)
+def test_a_recording_gives_a_busy_process_the_cpu_proc_counts(tmp_path):
   recorder = cpu_profile.Recorder(str(tmp_path / 'rec.perf'))
-  recorder.start()
-  time.sleep(0.5)  # perf's start.
-  busy = subprocess.Popen([sys.executable, '-c',
-                           'import time\nend = time.time() + 2.5\n'
-                           'while time.time() < end: pass'])
+  busy = None
   try:
+    recorder.start()
+    time.sleep(0.5)  # perf's start.
+    busy = subprocess.Popen([sys.executable, '-c',
+                             'import time\nend = time.time() + 2.5\n'
+                             'while time.time() < end: pass'])
     time.sleep(0.5)
-    start = time.time()
+    start, cpu_start = time.time(), cpu_secs(busy.pid)
     time.sleep(1.0)
-    end = time.time()
+    end, cpu_end = time.time(), cpu_secs(busy.pid)
     busy.wait(10)
+    gone = time.time()
+    time.sleep(0.5)
+    after = time.time()
   finally:
-    busy.kill()
+    if busy:
+      busy.kill()
+      busy.wait()
     recorder.stop()
-  # One image in a window of 1 s in which it kept one CPU busy: 1000 ms
-  # of its CPU, most of it in Python's interpreter.
+  # One image in the window: its CPU ms, as the kernel counted them (in
+  # ticks of 10 ms: the bounds allow 20 ms either way), most of them in
+  # Python's interpreter.
   table = cpu_profile.profile(recorder, {busy.pid: 'busy'}, start, end, 1)
+  counted = 1e3 * (cpu_end - cpu_start)
   total = sum(table['busy'].values())
-  assert 850 <= total <= 1050, table
-  assert table['busy']['Python'] >= 0.5 * total, table
+  assert 0.9 * counted - 20 <= total <= 1.1 * counted + 20, (table, counted)
+  assert counted > 300, counted  # It ran: the comparison means something.
+  assert table['busy'].get('Python', 0) >= 0.5 * total, table
+  # After it ended, nothing of it: the clocks agree to better than 0.5 s.
+  assert 'busy' not in cpu_profile.profile(recorder, {busy.pid: 'busy'},
+                                           gone, after, 1)
+
+
+def write_perf(folder, status, stderr):
+  """A fake perf command in folder: prints stderr and exits with status."""
+  perf = folder / 'perf'
+  perf.write_text('#!/bin/sh\necho "%s" >&2\nexit %d\n' % (stderr, status))
+  perf.chmod(0o755)
+
+
+def test_unavailable_says_what_is_missing(tmp_path, monkeypatch):
+  monkeypatch.setenv('PATH', str(tmp_path))
+  assert cpu_profile.unavailable() == (
+      'no perf command (Debian: apt-get install linux-perf)')
+  write_perf(tmp_path, 255, 'Error:\nAccess to performance monitoring and '
+             'observability operations is limited.')
+  assert cpu_profile.unavailable() == (
+      'perf record -a refused: Access to performance monitoring and '
+      'observability operations is limited.')
+  write_perf(tmp_path, 1, '')
+  assert cpu_profile.unavailable() == 'perf record -a refused: exit status 1'
+  write_perf(tmp_path, 0, '')
+  assert cpu_profile.unavailable() is None
