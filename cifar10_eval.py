@@ -19,8 +19,8 @@ import time
 
 import tensorflow as tf
 
-import checkpoints
-import cifar10_files
+from training import checkpoints
+from training import data_layout
 import cifar10_input
 import cifar10_model
 
@@ -49,7 +49,7 @@ def build_eval_graph(data_dir, batch_size, standardize):
   global_step = tf1.train.get_or_create_global_step()
   logits = cifar10_model.inference(
       images, is_training=False,
-      num_class=cifar10_files.num_classes(data_dir)[0])
+      num_class=data_layout.num_classes(data_dir)[0])
   fetches = {
       'examples': tf.size(labels),
       'correct': tf.reduce_sum(tf.cast(tf1.nn.in_top_k(logits, labels, 1),
@@ -119,13 +119,13 @@ def test_set_line(data_dir, train_dir):
   where that is another folder."""
   data_dir = os.path.abspath(data_dir)
   line = 'Evaluator: testing on %s, %d records of %s data' % (
-      os.path.join(data_dir, cifar10_files.TEST_FILE),
-      cifar10_files.num_records(data_dir, True), cifar10_files.kind(data_dir))
+      os.path.join(data_dir, data_layout.TEST_FILE),
+      data_layout.num_records(data_dir, True), data_layout.kind(data_dir))
   try:
     with open(os.path.join(train_dir, checkpoints.DATA_RECORD)) as f:
       trained = json.load(f)
     if trained['data_dir'] != data_dir:
-      line += '; the chief trains on %s' % cifar10_files.describe(trained)
+      line += '; the chief trains on %s' % data_layout.describe(trained)
   except (OSError, ValueError, TypeError, KeyError):
     pass  # No record (yet), or a damaged one.
   return line

@@ -14,9 +14,9 @@ to reproduce its raw-pixel run).
 
 import tensorflow as tf
 
-# The data files' layout and validation live in cifar10_files, which does not
+# The data files' layout and validation live in data_layout, which does not
 # import TensorFlow (the downloader uses them); they are re-exported here.
-from cifar10_files import (  # pylint: disable=unused-import
+from training.data_layout import (  # pylint: disable=unused-import
     DataError, IMAGE_BYTES, META_FILE, NUM_CLASSES, RECORD_BYTES, TEST_FILE,
     TRAIN_PATTERN, check_data, cifar_depth, cifar_height, cifar_label_bytes,
     cifar_width, count_records, data_files, num_classes, num_records)
@@ -72,7 +72,7 @@ def read_cifar10(filename_queue, max_records=1):
                            [-1, cifar_depth, cifar_height, cifar_width])
   # The file stores colour planes (CHW); the network wants HWC. This uint8
   # transpose runs on TensorFlow's own kernel, not oneDNN's, which then logs
-  # "oneDNN supports DT_UINT8 only on platforms with AVX-512" (tf_log_filter
+  # "oneDNN supports DT_UINT8 only on platforms with AVX-512" (log_filter
   # drops that note). Casting first does not change it: grappler moves the
   # cast back after the transpose. Measured: 130 us per read of 32 records
   # against 68 us for oneDNN's float32 kernel, in the reader threads, off the

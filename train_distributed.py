@@ -26,7 +26,7 @@ import signal
 import sys
 import time
 
-import tf_log_filter
+from training import log_filter
 
 # Before TensorFlow loads: its C++ chatter would bury the suite's lines (and
 # TF_CPP_MIN_LOG_LEVEL alone cannot hide it). Real warnings and errors still
@@ -34,20 +34,20 @@ import tf_log_filter
 # test): the importer's stderr is its own. And no Keras 3 (unused: tf-slim
 # has TensorFlow's own Keras 2 layers): a task starts 1-2 s sooner.
 if __name__ == '__main__':
-  tf_log_filter.install()
+  log_filter.install()
   os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 import tensorflow as tf
 
-import checkpoints
+from training import checkpoints
 import cifar10_eval
-import cifar10_files
+from training import data_layout
 import cifar10_input
-import cluster_config
-import cluster_runtime
-import learning_rate
+from training import cluster_config
+from training import cluster_runtime
+from training import learning_rate
 import training_graph
 import training_session
 
@@ -265,7 +265,7 @@ def build_graph(task, cluster):
         (replicas, len(task.worker_hosts)) if sync else None,
         tf.as_dtype(FLAGS.transfer_dtype) if cluster else None,
         FLAGS.initial_loss_scale if compute_dtype() == 'float16' else None,
-        FLAGS.loss_scale_period, cifar10_files.num_classes(FLAGS.data_dir)[0])
+        FLAGS.loss_scale_period, data_layout.num_classes(FLAGS.data_dir)[0])
 
 
 def schedule(examples_per_update):
@@ -338,7 +338,7 @@ def train_worker(task, cluster):
   # mistake on the command line must not cost a --fresh_start deletion.
   checkpoints.prepare(train_dir, is_chief, FLAGS.fresh_start)
   resume = (training_session.chief_start(
-      train_dir, cifar10_files.identity(FLAGS.data_dir), FLAGS.new_data,
+      train_dir, data_layout.identity(FLAGS.data_dir), FLAGS.new_data,
       FLAGS.max_steps, len(task.ps_hosts), graph.schedule) if is_chief
             else None)
   scaffold = training_graph.scaffold(graph)

@@ -13,8 +13,8 @@ from tensorflow.python.ops import variables as tf_variables
 from tensorflow.python.training import training_util
 
 import cifar10_model
-import learning_rate
-import ps_placement
+from training import learning_rate
+from training import placement
 
 tf1 = tf.compat.v1
 
@@ -39,7 +39,7 @@ def devices(cluster, task_index, num_gpus):
     return '/cpu:0', compute
   worker = '/job:worker/task:%d' % task_index
   return (worker + '/cpu:0',
-          ps_placement.device_setter(cluster, worker + compute))
+          placement.device_setter(cluster, worker + compute))
 
 
 class Wire:
@@ -459,7 +459,7 @@ def model(images, num_ps, transfer_dtype, num_classes):
   """The model's logits, its variables spread over num_ps ps tasks (0:
   none) and read through a Wire of transfer_dtype (None: no network)."""
   wire = Wire(transfer_dtype) if transfer_dtype else None
-  with tf1.variable_scope('', partitioner=ps_placement.partitioner(num_ps),
+  with tf1.variable_scope('', partitioner=placement.partitioner(num_ps),
                           custom_getter=wire.getter if wire else None):
     logits = cifar10_model.inference(images, is_training=True,
                                      dropout_keep_prob=DROPOUT_KEEP_PROB,

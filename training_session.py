@@ -27,11 +27,11 @@ import time
 import tensorflow as tf
 from tensorflow.python.client import timeline
 
-import checkpoints
-import cluster_runtime
-import learning_rate
-import ps_placement
-import tf_log_filter
+from training import checkpoints
+from training import cluster_runtime
+from training import learning_rate
+from training import placement
+from training import log_filter
 import training_graph
 
 tf1 = tf.compat.v1
@@ -195,7 +195,7 @@ def chief_start(train_dir, data, new_data, max_steps, num_ps, schedule):
 
   Args:
     train_dir: --train_dir, made.
-    data: cifar10_files.identity() of --data_dir.
+    data: data_layout.identity() of --data_dir.
     new_data: --new_data.
     max_steps: --max_steps.
     num_ps: The ps tasks.
@@ -215,7 +215,7 @@ def chief_start(train_dir, data, new_data, max_steps, num_ps, schedule):
                  'nothing to train, it stops at once (raise --max_steps to '
                  'train on, or --fresh_start to start over)' % (
                      resume.path, resume.step, max_steps))
-  for line in ps_placement.describe_loads(tf1.global_variables(), num_ps):
+  for line in placement.describe_loads(tf1.global_variables(), num_ps):
     say_as_chief(line)
   return resume
 
@@ -748,7 +748,7 @@ class StopOnSignal(tf1.train.SessionRunHook):
 def exit_now(status):
   """Exits at once, whatever other threads wait for, with status."""
   sys.stdout.flush()
-  tf_log_filter.drain()  # os._exit skips atexit: get the last lines out.
+  log_filter.drain()  # os._exit skips atexit: get the last lines out.
   os._exit(status)
 
 

@@ -46,16 +46,16 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, 'scripts'))
-import tf_log_filter  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training import log_filter  # pylint: disable=g-import-not-at-top,wrong-import-position
 if __name__ == '__main__':
-  tf_log_filter.install()  # Before TensorFlow loads: see tf_log_filter.py.
+  log_filter.install()  # Before TensorFlow loads: see training/log_filter.py.
   os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')  # See import_seconds.
 
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 import cifar10_input  # pylint: disable=g-import-not-at-top,wrong-import-position
-import cluster_runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training import cluster_runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
 import cpu_profile  # pylint: disable=g-import-not-at-top,wrong-import-position
 import cifar10_model  # pylint: disable=g-import-not-at-top,wrong-import-position
 from free_ports import free_ports  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -188,7 +188,7 @@ def bytes_per_step():
     trainable = sum(int(np.prod(v.shape)) for v in tf1.trainable_variables())
   return {'trainable_parameters': trainable, 'pull': trainable * 4,
           'push': trainable * 4,
-          # One ps holds everything; two hold what ps_placement gives each.
+          # One ps holds everything; two hold what placement gives each.
           'largest_ps_share': plan_cluster.largest_shares(2)}
 
 

@@ -5,7 +5,7 @@ Fetches cifar-10-binary.tar.gz into DATA_DIR.tar.gz.part, next to
 --data_dir, with a progress line (bytes, percent, rate, time left); checks
 its MD5, unpacks the cifar-10-batches-bin folder into a temporary folder
 next to --data_dir and checks every file with the trainer's own validation
-(cifar10_files, which needs no TensorFlow) before moving it to --data_dir in
+(data_layout, which needs no TensorFlow) before moving it to --data_dir in
 one rename, and only then deletes the .part file. --data_dir never holds a
 partial download.
 
@@ -44,7 +44,7 @@ sys.path.insert(0, ROOT)
 
 # Not cifar10_input: it imports TensorFlow, whose start-up log lines would
 # come before our one line.
-import cifar10_files  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training import data_layout  # pylint: disable=g-import-not-at-top,wrong-import-position
 from progress import Progress, size  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 URL = 'https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz'
@@ -91,10 +91,10 @@ class State:
 def is_valid(data_dir):
   """True when data_dir holds readable training and test files."""
   try:
-    cifar10_files.check_data(data_dir, eval_data=False)
-    cifar10_files.check_data(data_dir, eval_data=True)
+    data_layout.check_data(data_dir, eval_data=False)
+    data_layout.check_data(data_dir, eval_data=True)
     return True
-  except cifar10_files.DataError:
+  except data_layout.DataError:
     return False
 
 
@@ -291,10 +291,10 @@ def unpack(archive, data_dir, url, state):
     unpacked = os.path.join(work, ARCHIVE_DIR)
     try:
       if not os.path.isdir(unpacked):
-        raise cifar10_files.DataError('it has no %s folder' % ARCHIVE_DIR)
-      cifar10_files.check_data(unpacked, eval_data=False)
-      cifar10_files.check_data(unpacked, eval_data=True)
-    except cifar10_files.DataError as e:
+        raise data_layout.DataError('it has no %s folder' % ARCHIVE_DIR)
+      data_layout.check_data(unpacked, eval_data=False)
+      data_layout.check_data(unpacked, eval_data=True)
+    except data_layout.DataError as e:
       os.remove(archive)
       raise DownloadError('the archive from %s is not valid CIFAR-10: %s; %s '
                           'is deleted: check --url and --md5' %

@@ -36,10 +36,10 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import cifar10_files  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training import data_layout  # pylint: disable=g-import-not-at-top,wrong-import-position
 from progress import Progress  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-SIZE = cifar10_files.cifar_height
+SIZE = data_layout.cifar_height
 IMAGE_EXTENSIONS = ('.png', '.jpg', '.jpeg')
 MAX_CLASSES = 256  # What the label byte holds.
 IDX_FILE = re.compile(r'idx[13]-ubyte(\.gz)?$')
@@ -235,7 +235,7 @@ def load_tree(source, test_fraction, seed, out):
 
 def records(labels, images):
   """The CIFAR-10 binary layout's bytes of these records."""
-  out = np.empty((len(labels), cifar10_files.RECORD_BYTES), np.uint8)
+  out = np.empty((len(labels), data_layout.RECORD_BYTES), np.uint8)
   out[:, 0] = labels
   out[:, 1:] = images.reshape(len(labels), -1)
   return out.tobytes()
@@ -250,7 +250,7 @@ def write(out_dir, sets, class_names, num_train_files):
                           min(num_train_files, len(labels)))
   contents = {'data_batch_%d.bin' % (i + 1): records(labels[c], images[c])
               for i, c in enumerate(chunks)}
-  contents[cifar10_files.TEST_FILE] = records(*sets['test'])
+  contents[data_layout.TEST_FILE] = records(*sets['test'])
   contents['batches.meta.txt'] = ('\n'.join(class_names) + '\n\n').encode()
   os.makedirs(out_dir, exist_ok=True)
   try:
@@ -270,7 +270,7 @@ def write(out_dir, sets, class_names, num_train_files):
 def check_out_dir(out_dir):
   """Refuses an OUT_DIR that already holds data: it is never overwritten."""
   if os.path.isdir(out_dir) and any(
-      name.startswith('data_batch_') or name == cifar10_files.TEST_FILE
+      name.startswith('data_batch_') or name == data_layout.TEST_FILE
       for name in os.listdir(out_dir)):
     raise InputError('%s already holds CIFAR-10 binary files: give another '
                      'OUT_DIR, or delete them first' % out_dir)

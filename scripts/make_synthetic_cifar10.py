@@ -30,7 +30,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import cifar10_files  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training import data_layout  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 NUM_CLASSES = 10
 SIZE = 32
@@ -135,7 +135,7 @@ def main(argv=None):
                      *make_records(count, rng))
   with open(os.path.join(args.data_dir, 'batches.meta.txt'), 'w') as f:
     f.write('\n'.join(CLASS_NAMES) + '\n\n')
-  with open(os.path.join(args.data_dir, cifar10_files.SYNTHETIC_MARKER),
+  with open(os.path.join(args.data_dir, data_layout.SYNTHETIC_MARKER),
             'w') as f:
     f.write('Synthetic data in the CIFAR-10 binary layout, written by '
             'scripts/make_synthetic_cifar10.py --seed=%d: coloured shapes, not '

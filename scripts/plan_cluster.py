@@ -21,7 +21,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import tf_log_filter  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training import log_filter  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # Bytes on the wire per byte of tensor: TCP/IP and Ethernet headers, and
 # gRPC's framing. Measured on the benchmark's emulated links: 723 KB over
@@ -54,17 +54,17 @@ def largest_shares(max_ps):
   model once per ps count)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import cifar10_model  # pylint: disable=g-import-not-at-top
-  import ps_placement  # pylint: disable=g-import-not-at-top
+  from training import placement  # pylint: disable=g-import-not-at-top
   tf1 = tf.compat.v1
   shares = {}
   for num_ps in range(1, max_ps + 1):
     cluster = tf.train.ClusterSpec({
         'ps': ['ps%d:1' % i for i in range(num_ps)], 'worker': ['w:1']})
-    with tf.Graph().as_default(), tf1.device(ps_placement.device_setter(
+    with tf.Graph().as_default(), tf1.device(placement.device_setter(
         cluster, '/job:worker/task:0')), tf1.variable_scope(
-            '', partitioner=ps_placement.partitioner(num_ps)):
+            '', partitioner=placement.partitioner(num_ps)):
       cifar10_model.inference(tf1.placeholder(tf.float32, [1, 32, 32, 3]))
-      loads = [size for _, size in ps_placement.ps_loads(
+      loads = [size for _, size in placement.ps_loads(
           tf1.trainable_variables(), num_ps)]
     shares[num_ps] = max(loads) / float(sum(loads))
   return shares
@@ -323,6 +323,6 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-  tf_log_filter.install()  # Before TensorFlow loads: see tf_log_filter.py.
+  log_filter.install()  # Before TensorFlow loads: see training/log_filter.py.
   os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')  # As train_distributed.py.
   sys.exit(main())

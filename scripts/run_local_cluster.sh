@@ -164,10 +164,10 @@ log_dir=$(cd "$log_dir" && pwd)
 "$python" - "$root" "$data_dir" <<'EOF' || exit 2
 import sys
 sys.path.insert(0, sys.argv[1])
-import cifar10_files
+from training import data_layout
 try:
-  print('Data: ' + cifar10_files.describe(cifar10_files.identity(sys.argv[2])))
-except cifar10_files.DataError as e:
+  print('Data: ' + data_layout.describe(data_layout.identity(sys.argv[2])))
+except data_layout.DataError as e:
   sys.exit('Error: %s' % e)
 EOF
 last=$(sed -n 's/^model_checkpoint_path: ".*-\([0-9]*\)"$/\1/p' "$train_dir/checkpoint" 2> /dev/null)

@@ -27,13 +27,13 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import tf_log_filter  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training import log_filter  # pylint: disable=g-import-not-at-top,wrong-import-position
 if __name__ == '__main__':
-  tf_log_filter.install()  # Before TensorFlow loads: see tf_log_filter.py.
+  log_filter.install()  # Before TensorFlow loads: see training/log_filter.py.
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-import cifar10_files  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training import data_layout  # pylint: disable=g-import-not-at-top,wrong-import-position
 import cifar10_input  # pylint: disable=g-import-not-at-top,wrong-import-position
 import cifar10_model  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -154,7 +154,7 @@ def coordinate(args):
   strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
   coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
       strategy)
-  num_classes, _ = cifar10_files.num_classes(args.data_dir)
+  num_classes, _ = data_layout.num_classes(args.data_dir)
   with strategy.scope():
     model = Network(num_classes)
     step = tf.Variable(0, dtype=tf.int64)

@@ -11,7 +11,7 @@ ports, its files, its signals and its exit status. It runs
 train_distributed.py as __main__ with the requested argv, environment,
 working directory and log file, so its flags, its stderr filter, its
 signal handlers and its exit are the script's own. Only the import is not
-repeated; what happens before TensorFlow loads (tf_log_filter's start, the
+repeated; what happens before TensorFlow loads (log_filter's start, the
 absl banner) is tested in processes started afresh (test_tf_log_filter.py,
 the scripts' tests).
 

@@ -89,7 +89,7 @@ def shard_counts(train_dir, step):
 
 
 # Every line a healthy task prints: the suite's own, nothing of
-# TensorFlow's (see tf_log_filter.py).
+# TensorFlow's (see training/log_filter.py).
 OWN_LINE = re.compile(
     r'(job_name : \w+|task_index : \d+|(ps|Worker) \d+: .+|Evaluator: .+|'
     r'Cluster from TF_CONFIG: .+|Given on the command line, over TF_CONFIG: .+|'

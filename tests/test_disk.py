@@ -14,7 +14,7 @@ import subprocess
 import pytest
 import tensorflow as tf
 
-import checkpoints
+from training import checkpoints
 from test_cluster import assert_clean_logs, checkpoint_step
 from test_cluster import cluster_flags, latest_step, single_process_flags
 from test_cluster import start_cluster

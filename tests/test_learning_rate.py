@@ -4,7 +4,7 @@ steps against numbers worked out by hand."""
 import pytest
 import tensorflow as tf
 
-import learning_rate
+from training import learning_rate
 
 tf1 = tf.compat.v1
 

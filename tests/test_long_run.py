@@ -134,7 +134,7 @@ sys.path.insert(0, %(root)r)
 import tensorflow as tf
 tf1 = tf.compat.v1
 tf1.disable_eager_execution()
-import cluster_runtime
+from training import cluster_runtime
 ps, worker = %(ps)r, %(worker)r
 cluster = tf.train.ClusterSpec({'ps': ps, 'worker': [worker]})
 config = cluster_runtime.session_config('worker', 0, [worker])
@@ -190,7 +190,8 @@ def test_telling_a_lost_ps_that_a_worker_is_done_is_bounded(procs, tmp_path):
 # posts, a window too short to hit from outside.
 KILL_PS1_BEFORE = '''
 import os, signal, time
-import cluster_runtime, training_session
+import training_session
+from training import cluster_runtime
 target = %(target)s
 real = getattr(target, %(name)r)
 def kill_ps1_first(*args, **kwargs):
@@ -439,7 +440,7 @@ def test_evaluator_on_an_empty_test_set_is_one_line(procs, tiny_data,
 def test_a_checkpoint_is_named_after_the_step_it_holds(tmp_path):
   """The step is read before the save; an update applied in between (the
   chief's sync thread, the other workers) must rename the checkpoint."""
-  import checkpoints  # pylint: disable=import-outside-toplevel
+  from training import checkpoints  # pylint: disable=import-outside-toplevel
   train_dir = str(tmp_path)
   with tf.Graph().as_default():
     step = tf1.train.get_or_create_global_step()

@@ -12,7 +12,7 @@ from PIL import Image
 import pytest
 import tensorflow as tf
 
-import cifar10_files
+from training import data_layout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, 'scripts', 'make_cifar_binary.py')
@@ -91,7 +91,7 @@ def test_a_folder_tree_becomes_records_with_each_image_once(tmp_path):
   assert sorted(seen) == [(l, i) for l in range(3) for i in range(8)]
   # Shuffled, not class by class.
   assert train_labels.tolist() != sorted(train_labels.tolist())
-  assert cifar10_files.check_data(str(out), eval_data=False)[1] == 18
+  assert data_layout.check_data(str(out), eval_data=False)[1] == 18
 
 
 def test_images_are_cropped_at_the_centre_and_grey_fills_three_planes(

@@ -4,9 +4,9 @@ import pytest
 import tensorflow as tf
 
 import cifar10_model
-import ps_placement
-import checkpoints
-import learning_rate
+from training import placement
+from training import checkpoints
+from training import learning_rate
 
 tf1 = tf.compat.v1
 
@@ -19,10 +19,10 @@ def build(num_ps):
   graph = tf.Graph()
   cluster = tf.train.ClusterSpec({
       'ps': ['ps%d:1' % i for i in range(num_ps)], 'worker': ['w:1']})
-  with graph.as_default(), tf1.device(ps_placement.device_setter(
+  with graph.as_default(), tf1.device(placement.device_setter(
       cluster, '/job:worker/task:0/cpu:0')):
     tf1.train.get_or_create_global_step()
-    with tf1.variable_scope('', partitioner=ps_placement.partitioner(num_ps)):
+    with tf1.variable_scope('', partitioner=placement.partitioner(num_ps)):
       cifar10_model.inference(tf1.placeholder(tf.float32, [1, 32, 32, 3]))
   return graph
 
@@ -30,7 +30,7 @@ def build(num_ps):
 @pytest.mark.parametrize('num_ps', [1, 2, 3, 4])
 def test_bytes_are_spread_evenly(num_ps):
   with build(num_ps).as_default():
-    loads = ps_placement.ps_loads(tf1.global_variables(), num_ps)
+    loads = placement.ps_loads(tf1.global_variables(), num_ps)
     step = tf1.train.get_global_step()
   sizes = [size for _, size in loads]
   assert sum(sizes) == TOTAL_BYTES
@@ -67,7 +67,7 @@ def test_one_ps_keeps_the_reference_variables():
 
 def test_describe_loads_names_every_ps():
   with build(2).as_default():
-    lines = ps_placement.describe_loads(tf1.global_variables(), 2)
+    lines = placement.describe_loads(tf1.global_variables(), 2)
   assert lines == ['ps 0 holds 8 variables, 350640 bytes (48.5%)',
                    'ps 1 holds 17 variables, 372416 bytes (51.5%)']
 

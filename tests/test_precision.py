@@ -28,7 +28,7 @@ from test_cluster import assert_clean_logs, checkpoint_step, checkpoint_steps
 from test_cluster import PROGRESS, cluster_flags, single_process_flags
 from test_cluster import start_cluster
 
-import learning_rate
+from training import learning_rate
 
 # The reference's schedule as a 40-step test sees it: 0.1 throughout.
 CONSTANT_RATE = learning_rate.Schedule('exponential', 0.1, 128, 'none', 0,
@@ -242,7 +242,7 @@ CPUINFO = ('processor\t: 0\nvendor_id\t: GenuineIntel\n'
 ])
 def test_the_hint_for_mixed_precision_is_said_only_with_amx(
     tmp_path, flags, num_gpus, hinted):
-  import cluster_runtime  # pylint: disable=g-import-not-at-top
+  from training import cluster_runtime  # pylint: disable=g-import-not-at-top
   cpuinfo = tmp_path / 'cpuinfo'
   cpuinfo.write_text(CPUINFO % flags)
   line = cluster_runtime.mixed_precision_hint(3, num_gpus, str(cpuinfo))

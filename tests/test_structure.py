@@ -6,9 +6,11 @@ import os
 
 from conftest import ROOT
 
-MODULES = sorted(os.path.basename(p)[:-3]
-                 for p in glob.glob(os.path.join(ROOT, '*.py')))
-SOURCES = [os.path.join(ROOT, m + '.py') for m in MODULES] + sorted(
+MODULES = sorted(os.path.relpath(p, ROOT)[:-3].replace('/', '.')
+                 for p in glob.glob(os.path.join(ROOT, '*.py')) +
+                 glob.glob(os.path.join(ROOT, 'training', '*.py')))
+SOURCES = [os.path.join(ROOT, m.replace('.', '/') + '.py')
+           for m in MODULES] + sorted(
     glob.glob(os.path.join(ROOT, 'scripts', '*.py')))
 
 
@@ -25,6 +27,7 @@ def imports(path):
       names.update(a.name for a in node.names)
     elif isinstance(node, ast.ImportFrom) and node.module:
       names.add(node.module)
+      names.update(node.module + '.' + a.name for a in node.names)
   return names
 
 
@@ -40,7 +43,8 @@ def test_only_the_entry_point_reads_absl_flags():
 
 
 def test_no_import_cycle():
-  graph = {m: imports(os.path.join(ROOT, m + '.py')) & set(MODULES)
+  graph = {m: imports(os.path.join(ROOT, m.replace('.', '/') + '.py')) &
+           set(MODULES)
            for m in MODULES}
   done, path = set(), []
 

@@ -8,7 +8,7 @@ import pytest
 from conftest import ROOT
 import manifests
 
-import cluster_config
+from training import cluster_config
 import train_distributed
 
 CLUSTER = {'chief': ['c:2222'], 'worker': ['w0:2222', 'w1:2222'],
@@ -228,7 +228,7 @@ def test_dockerfile_copies_what_the_manifest_runs():
   for source in sources:
     assert os.path.exists(os.path.join(ROOT, source)), source
   # Every module of the repository's top level (the trainer imports them),
-  # requirements.txt and the scripts (the downloader).
+  # the package they use, requirements.txt and the scripts (the downloader).
   modules = [f for f in os.listdir(ROOT) if f.endswith('.py')]
-  for needed in modules + ['requirements.txt', 'scripts']:
+  for needed in modules + ['training', 'requirements.txt', 'scripts']:
     assert needed in sources, needed

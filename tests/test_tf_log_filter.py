@@ -20,7 +20,7 @@ import pytest
 from conftest import ROOT
 
 sys.path.insert(0, ROOT)
-import tf_log_filter  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training import log_filter  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 CHATTER = [
     b'WARNING: All log messages before absl::InitializeLog() is called are '
@@ -154,7 +154,7 @@ def test_filter_stream_drops_the_chatter_and_keeps_the_rest(level, kept):
   interleaved = [record for pair in zip(CHATTER, REAL) for record in pair]
   interleaved += CHATTER[len(REAL):]
   sink = io.BytesIO()
-  tf_log_filter.filter_stream(io.BytesIO(b''.join(interleaved)), sink, level)
+  log_filter.filter_stream(io.BytesIO(b''.join(interleaved)), sink, level)
   assert sink.getvalue() == b''.join(kept)
 
 
@@ -165,8 +165,8 @@ def run_python(code, level):
   if level is not None:
     env['TF_CPP_MIN_LOG_LEVEL'] = level
   proc = subprocess.run(
-      [sys.executable, '-c', 'import os, tf_log_filter\n'
-       'tf_log_filter.install()\n' + code],
+      [sys.executable, '-c', 'import os\nfrom training import log_filter\n'
+       'log_filter.install()\n' + code],
       stderr=subprocess.PIPE, env=env, timeout=60)
   return proc.returncode, proc.stderr
 
@@ -187,10 +187,10 @@ def test_drain_writes_out_everything_before_os_exit(tmp_path):
   env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL='1')
   with open(log, 'wb') as f:
     proc = subprocess.Popen(
-        [sys.executable, '-c', 'import os, tf_log_filter\n'
-         'tf_log_filter.install()\n'
+        [sys.executable, '-c', 'import os\nfrom training import log_filter\n'
+         'log_filter.install()\n'
          'os.write(2, %r)\n'
-         'tf_log_filter.drain()\n'
+         'log_filter.drain()\n'
          'os._exit(3)' % (CHATTER[1] + b'worker 0: SIGINT; exiting\n')],
         stderr=f, env=env)
     assert proc.wait(timeout=60) == 3
@@ -232,5 +232,5 @@ def test_a_trainer_prints_only_its_own_lines_unless_level_0():
   # machine at least one C++ log line (the CPU feature or CUDA notes).
   everything = everything.decode()
   assert message in everything
-  assert any(tf_log_filter.CPP_LOG_LINE.match(line.encode())
+  assert any(log_filter.CPP_LOG_LINE.match(line.encode())
              for line in everything.splitlines()), everything

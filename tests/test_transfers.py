@@ -19,7 +19,7 @@ from tensorflow.python.training import training_util
 
 from conftest import SERVERS, free_ports
 
-import learning_rate
+from training import learning_rate
 import training_graph
 
 tf1 = tf.compat.v1
@@ -133,7 +133,7 @@ def test_a_synchronous_worker_sends_no_statistics():
 
 def test_with_two_ps_each_gets_its_own_packs():
   """Each ps holds its own variables and parts of the big kernels (see
-  ps_placement): one pack each way for each, the statistics to the ps
+  placement): one pack each way for each, the statistics to the ps
   that holds them, the local step once to each; the global step and the
   token from ps 0, which waits for ps 1's accumulators once (was 9
   control edges: one from each of its accumulators)."""

@@ -22,8 +22,8 @@ import shutil
 
 import tensorflow as tf
 
-import cifar10_files
-import learning_rate
+from training import data_layout
+from training import learning_rate
 
 
 class TrainDirError(Exception):
@@ -64,7 +64,7 @@ def prepare(train_dir, is_chief, fresh_start):
 def saved_name_and_shape(var):
   """Returns (name, shape) under which var is saved in a checkpoint.
 
-  A slice of a partitioned variable (see ps_placement) is saved as part of
+  A slice of a partitioned variable (see placement) is saved as part of
   the full variable.
   """
   info = getattr(var, '_save_slice_info', None)
@@ -276,7 +276,7 @@ def keep_newest(saver, train_dir):
       train_dir, paths[-1], all_model_checkpoint_paths=paths[-keep:])
 
 
-# Where the chief records what the run trains on (cifar10_files.identity).
+# Where the chief records what the run trains on (data_layout.identity).
 DATA_RECORD = 'data.json'
 
 
@@ -286,7 +286,7 @@ def check_data_record(train_dir, found, resume, new_data, say):
 
   Args:
     train_dir: --train_dir, made.
-    found: cifar10_files.identity() of --data_dir.
+    found: data_layout.identity() of --data_dir.
     resume: The checkpoints.Resume the chief resumes, or None.
     new_data: --new_data: resume on other data (fine-tuning), recorded.
     say: Called with one line: what it trains on.
@@ -299,7 +299,7 @@ def check_data_record(train_dir, found, resume, new_data, say):
   try:
     with open(path) as f:
       recorded = json.load(f)
-    recorded = recorded if cifar10_files.describe(recorded) else None
+    recorded = recorded if data_layout.describe(recorded) else None
   except (OSError, ValueError, TypeError, KeyError):
     recorded = None  # A new run, one from before the record, or a damaged one.
   if resume and recorded and recorded['sha256'] != found['sha256']:
@@ -307,13 +307,13 @@ def check_data_record(train_dir, found, resume, new_data, say):
       raise TrainDirError(
           '--train_dir=%s was trained on %s, not on the --data_dir given, %s: '
           'pass the --data_dir it was trained on, another --train_dir, '
-          '--fresh_start to start over, or --new_data to train it on this data' % (train_dir, cifar10_files.describe(recorded),
-                    cifar10_files.describe(found)))
+          '--fresh_start to start over, or --new_data to train it on this data' % (train_dir, data_layout.describe(recorded),
+                    data_layout.describe(found)))
     say('--new_data: %s was trained on %s; it trains on %s from now on' % (
-        train_dir, cifar10_files.describe(recorded),
-        cifar10_files.describe(found)))
+        train_dir, data_layout.describe(recorded),
+        data_layout.describe(found)))
   else:
-    say('training on %s%s' % (cifar10_files.describe(found), (
+    say('training on %s%s' % (data_layout.describe(found), (
         '; %s did not say what it was trained on before (an earlier '
         'release)' % train_dir) if resume and not recorded else ''))
     if recorded and recorded['sha256'] == found['sha256']:

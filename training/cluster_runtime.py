@@ -19,8 +19,8 @@ import time
 import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
-import checkpoints
-from cluster_config import UsageError
+from training import checkpoints
+from training.cluster_config import UsageError
 
 tf1 = tf.compat.v1
 
