@@ -125,6 +125,16 @@ def moving_averages(global_step=None):
                                             num_updates=global_step)
 
 
+def averages_of_weights():
+  """{moving average: its weight} for the averages of moving_averages()."""
+  # ExponentialMovingAverage.average_name() of a new object would make the
+  # name unique in this graph, where it is taken: the names are built here.
+  suffix = '/' + moving_averages().name
+  by_name = {v.op.name: v for v in tf1.global_variables()}
+  return {by_name[w.op.name + suffix]: w for w in tf1.trainable_variables()
+          if w.op.name + suffix in by_name}
+
+
 def loss(logits, labels):
   """Returns the total loss: mean cross entropy plus the L2 weight decay.
 

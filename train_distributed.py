@@ -45,6 +45,7 @@ from training import checkpoints
 import cifar10_eval
 from training import data_layout
 import cifar10_input
+import cifar10_model
 from training import cluster_config
 from training import cluster_runtime
 from training import learning_rate
@@ -339,13 +340,14 @@ def train_worker(task, cluster):
   checkpoints.prepare(train_dir, is_chief, FLAGS.fresh_start)
   resume = (training_session.chief_start(
       train_dir, data_layout.identity(FLAGS.data_dir), FLAGS.new_data,
-      FLAGS.max_steps, len(task.ps_hosts), graph.schedule) if is_chief
-            else None)
+      FLAGS.max_steps, len(task.ps_hosts), graph.schedule,
+      cifar10_model.averages_of_weights()) if is_chief else None)
   scaffold = training_graph.scaffold(graph)
   hooks = make_hooks(graph, scaffold, train_dir, task, cluster is None)
   try:
     last_step = run_session(graph, training_session.SessionCreator(
-        scaffold, master, config, task, train_dir, resume), hooks,
+        scaffold, master, config, task, train_dir, resume,
+        cifar10_model.averages_of_weights()), hooks,
                             task_index, train_dir)
   except tf1.train.NanLossDuringTrainingError:
     print('Error: the model diverged with loss = NaN; the last good '

@@ -536,39 +536,3 @@ def build(images, labels, num_ps, is_chief, schedule, sync=None,
     tf1.summary.scalar('loss_scale', scaled.scale.read_value())
   return TrainingGraph(global_step, loss, accuracy, step_after,
                        opt if sync else None, scaled, lr, schedule)
-
-
-def averages_of_weights():
-  """{moving average: its weight} for the averages build() made."""
-  # ExponentialMovingAverage.average_name() of a new object would make the
-  # name unique in this graph, where it is taken: the names are built here.
-  suffix = '/' + cifar10_model.moving_averages().name
-  by_name = {v.op.name: v for v in tf1.global_variables()}
-  return {by_name[w.op.name + suffix]: w for w in tf1.trainable_variables()
-          if w.op.name + suffix in by_name}
-
-
-class Rebuild:
-  """Resumes from a checkpoint that lacks the moving averages (written
-  before they were kept): the averages start from the restored weights.
-
-  Built before the graph is finalized, for the variables that checkpoint
-  lacks: a Saver of the others, and an op that sets each missing average
-  to its weight.
-  """
-
-  def __init__(self, missing):
-    """Args: missing: the variables the checkpoint lacks, all averages."""
-    shadows = averages_of_weights()
-    self.missing = set(missing)
-    self.saver = tf1.train.Saver(
-        [v for v in tf1.global_variables() if v not in self.missing],
-        sharded=True)
-    self.init_missing = tf.group(*[
-        s.assign(shadows[s], read_value=False) for s in missing])
-
-
-def can_rebuild(var):
-  """Whether a variable missing from a checkpoint can be rebuilt (see
-  Rebuild): the moving average of a weight."""
-  return var in averages_of_weights()

@@ -32,7 +32,6 @@ from training import cluster_runtime
 from training import learning_rate
 from training import placement
 from training import log_filter
-import training_graph
 
 tf1 = tf.compat.v1
 
@@ -143,7 +142,7 @@ class SkippedSteps(tf1.train.SessionRunHook):
   """The chief's line when float16's loss scaling skipped more steps.
 
   A step whose float16 gradients overflowed leaves the weights as they were
-  (see training_graph.LossScaled); a few at the start, while the scale
+  (see precision.LossScaled); a few at the start, while the scale
   finds its level, are expected, and many say the model's numbers do not
   fit float16. Said after a step only when the count grew.
   """
@@ -171,7 +170,7 @@ class LearningRateLine(tf1.train.SessionRunHook):
   at the global step it starts (or resumes, or recovers) from."""
 
   def __init__(self, graph):
-    """Args: graph: The training_graph.TrainingGraph."""
+    """Args: graph: The TrainingGraph."""
     self.graph = graph
     self.reads = None
 
@@ -187,7 +186,8 @@ class LearningRateLine(tf1.train.SessionRunHook):
         learning_rate.describe(self.graph.schedule), rate, step), flush=True)
 
 
-def chief_start(train_dir, data, new_data, max_steps, num_ps, schedule):
+def chief_start(train_dir, data, new_data, max_steps, num_ps, schedule,
+                shadows):
   """What the chief says and checks before its session: the data it trains
   on (checkpoints.check_data_record), what it resumes, a schedule of the
   learning rate that changed, a run already at max_steps, and what each ps
@@ -200,12 +200,14 @@ def chief_start(train_dir, data, new_data, max_steps, num_ps, schedule):
     max_steps: --max_steps.
     num_ps: The ps tasks.
     schedule: The learning_rate.Schedule of this run.
+    shadows: {moving average: its weight}: the averages a checkpoint of an
+      earlier release may lack and that start from their weights.
 
   Returns:
     The checkpoints.Resume to resume from, or None.
   """
   resume = checkpoints.resume_point(train_dir, tf1.global_variables(),
-                                    say_as_chief, training_graph.can_rebuild)
+                                    say_as_chief, shadows.__contains__)
   checkpoints.check_data_record(train_dir, data, resume, new_data,
                                 say_as_chief)
   checkpoints.check_schedule_record(train_dir, schedule, resume,
@@ -240,10 +242,11 @@ class SessionCreator(tf1.train.SessionCreator):
   for minutes): here it keeps that model.
   """
 
-  def __init__(self, scaffold, master, config, task, train_dir, resume):
+  def __init__(self, scaffold, master, config, task, train_dir, resume,
+               shadows):
     """Made before the graph is finalized. Args: task: this
     cluster_config.Task; resume: the chief's checkpoints.Resume, or
-    None."""
+    None; shadows: see chief_start."""
     self._scaffold = scaffold
     self._master = master
     self._config = config
@@ -253,7 +256,8 @@ class SessionCreator(tf1.train.SessionCreator):
     self._train_dir = train_dir
     self._resume = resume
     # What an earlier release's checkpoint lacks, made while it can be.
-    self._rebuild = (training_graph.Rebuild(resume.missing)
+    self._shadows = shadows
+    self._rebuild = (checkpoints.Rebuild(resume.missing, shadows)
                      if resume and resume.missing else None)
     self._sessions = 0
 
@@ -269,7 +273,7 @@ class SessionCreator(tf1.train.SessionCreator):
       if self._is_chief:
         self._resume = checkpoints.resume_point(
             self._train_dir, tf1.global_variables(), say_as_chief,
-            training_graph.can_rebuild)
+            self._shadows.__contains__)
     self._sessions += 1
     self._scaffold.finalize()
     manager = tf1.train.SessionManager(

@@ -25,6 +25,8 @@ import tensorflow as tf
 from training import data_layout
 from training import learning_rate
 
+tf1 = tf.compat.v1
+
 
 class TrainDirError(Exception):
   """--train_dir cannot be used; reported in one line."""
@@ -248,7 +250,7 @@ def save(saver, session, train_dir, step, **kwargs):
     os.replace(old, named + old[len(path):])
   paths = [p for p in saver.last_checkpoints if p not in (path, named)]
   saver.recover_last_checkpoints(paths + [named])
-  tf.compat.v1.train.update_checkpoint_state(
+  tf1.train.update_checkpoint_state(
       train_dir, named, all_model_checkpoint_paths=paths + [named])
   return named
 
@@ -268,11 +270,11 @@ def keep_newest(saver, train_dir):
     return
   for path in paths[:-keep]:
     try:
-      tf.compat.v1.train.remove_checkpoint(path)
+      tf1.train.remove_checkpoint(path)
     except (tf.errors.OpError, OSError):
       pass  # Gone already (deleted by hand, say).
   saver.recover_last_checkpoints(paths[-keep:])
-  tf.compat.v1.train.update_checkpoint_state(
+  tf1.train.update_checkpoint_state(
       train_dir, paths[-1], all_model_checkpoint_paths=paths[-keep:])
 
 
@@ -423,3 +425,23 @@ def write_failure(train_dir, step, error, lost=None):
           'start the lost task again, then this one: it resumes from there'
           if lost
           else 'free space or fix the directory, then restart to resume'))
+
+
+class Rebuild:
+  """Resumes from a checkpoint that lacks the moving averages (written
+  before they were kept): the averages start from the restored weights.
+
+  Built before the graph is finalized, for the variables that checkpoint
+  lacks: a Saver of the others, and an op that sets each missing average
+  to its weight.
+  """
+
+  def __init__(self, missing, shadows):
+    """Args: missing: the variables the checkpoint lacks, all averages;
+    shadows: {moving average: its weight} of the model."""
+    self.missing = set(missing)
+    self.saver = tf1.train.Saver(
+        [v for v in tf1.global_variables() if v not in self.missing],
+        sharded=True)
+    self.init_missing = tf.group(*[
+        s.assign(shadows[s], read_value=False) for s in missing])
