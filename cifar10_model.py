@@ -11,18 +11,11 @@ the moving statistics.
 import warnings
 
 import tensorflow as tf
-from tensorflow.python.framework import ops as _tf_ops
 
 import cifar10_input
+from training import transfers
 
-# Compatibility fix, the only one: tf-slim 1.1.0 (its last release) tests
-# `isinstance(x, ops.Tensor)` in layers/utils.py, and TensorFlow 2.21's
-# tensorflow.python.framework.ops no longer has `Tensor`, so slim.batch_norm
-# raises AttributeError. Point the old name at the public class before
-# tf-slim is imported.
-if not hasattr(_tf_ops, 'Tensor'):
-  _tf_ops.Tensor = tf.Tensor
-
+transfers.tf_slim_compat()  # Before tf-slim is imported.
 import tf_slim as slim  # pylint: disable=g-import-not-at-top
 
 # tf-slim's layers call `layer.apply`, which TensorFlow deprecates with a

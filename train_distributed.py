@@ -7,8 +7,11 @@ workers' gradients. Worker 0 is the chief: it initializes or restores the
 model, saves the checkpoints (each ps writes the shard of its variables) and
 writes the summaries.
 
-It holds the reference's flags and reads them, top to bottom: flags,
-cluster, graph, session loop; the modules it calls take plain arguments.
+It holds the reference's flags and reads them, top to bottom as
+mnist_replica.py does: flags, the ClusterSpec, this task's Server, the
+graph (train_graph.py: replica_device_setter, the model,
+SyncReplicasOptimizer), the MonitoredSession and its loop. The machinery
+around them lives in the training/ package (docs/code.md).
 
 Three terminals, as in the reference (any start order):
 
@@ -22,6 +25,7 @@ is done). With --ps_hosts= (empty) one worker trains, without a gRPC server.
 
 from datetime import datetime
 import os
+import re
 import signal
 import sys
 import time
@@ -48,9 +52,12 @@ import cifar10_input
 import cifar10_model
 from training import cluster_config
 from training import cluster_runtime
+from training import precision
 from training import learning_rate
-import training_graph
-import training_session
+import train_graph
+from training import hooks as session_hooks
+from training import presence
+from training import session
 
 tf1 = tf.compat.v1
 
@@ -151,8 +158,49 @@ flags.DEFINE_integer('wait_report_secs', 10, 'Seconds a task waits for '
 flags.DEFINE_enum('transfer_dtype', 'float32', ['float32', 'bfloat16'],
                   'Worker in a cluster: what weights and gradients cross the '
                   'network as; the ps accumulates and applies in float32.')
+flags.DEFINE_boolean('pack_transfers', True, 'Worker in a cluster: send each '
+                     'kind of tensor once per ps a step (weights, gradients, '
+                     'BatchNorm statistics); --nopack_transfers runs the '
+                     'article\'s plain graph, to read or compare.')
 flags.DEFINE_list('trace_steps', [], 'Worker: its own steps (from 1) to '
                   'write a Chrome trace of, into --train_dir, e.g. 50,51.')
+
+
+def require(name, holds, what):
+  """An absl validator: --name must be what, said with the value given."""
+  def check(value):
+    if not holds(value):
+      raise flags.ValidationError('--%s must be %s (got %s)' % (
+          name, what, ','.join(value) if isinstance(value, list) else value))
+    return True
+  flags.register_validator(name, check)
+
+
+for _name in ('batch_size', 'max_steps', 'save_checkpoint_steps',
+              'save_summaries_steps', 'log_frequency',
+              'num_preprocess_threads', 'loss_scale_period',
+              'wait_report_secs'):
+  require(_name, lambda v: v >= 1, 'at least 1')
+for _name in ('eval_interval_secs', 'intra_op_threads', 'num_gpus',
+              'warmup_steps', 'crop_padding'):
+  require(_name, lambda v: v >= 0, '0 or more')
+require('initial_loss_scale', lambda v: v > 0, 'more than 0')  # NaN neither.
+require('trace_steps', lambda v: all(s.isdigit() and int(s) >= 1 for s in v),
+        'step numbers from 1, e.g. 50,51')
+
+
+def parse_flags(argv):
+  """absl's parsing; a value our validators refuse is one Error: line and
+  exit status 2, as every other mistake on the command line here."""
+  try:
+    return FLAGS(argv)
+  except flags.Error as e:
+    # absl says 'flag --NAME=VALUE: MESSAGE'; our messages name the flag.
+    mine = re.match(r'flag --[^=]+=.*?: (--.*)', str(e), re.S)
+    if mine:
+      print('Error: %s' % mine.group(1), file=sys.stderr)
+      sys.exit(2)
+  return app.parse_flags_with_usage(argv)  # absl's words and exit status.
 
 
 def apply_tf_config():
@@ -174,25 +222,10 @@ def check_flags():
     cluster_config.UsageError: with what is wrong and how to fix it.
   """
   apply_tf_config()
-  for name in ('batch_size', 'max_steps', 'save_checkpoint_steps',
-               'save_summaries_steps', 'log_frequency',
-               'num_preprocess_threads', 'loss_scale_period',
-               'wait_report_secs'):
-    if getattr(FLAGS, name) < 1:
-      raise cluster_config.UsageError('--%s must be at least 1 (got %d)' %
-                                      (name, getattr(FLAGS, name)))
-  for name in ('eval_interval_secs', 'intra_op_threads', 'num_gpus',
-               'warmup_steps', 'crop_padding'):
-    if getattr(FLAGS, name) < 0:
-      raise cluster_config.UsageError('--%s must be 0 or more (got %s)' %
-                                      (name, getattr(FLAGS, name)))
-  if not FLAGS.initial_loss_scale > 0:  # NaN neither.
-    raise cluster_config.UsageError('--initial_loss_scale must be more than '
-                                    '0 (got %s)' % FLAGS.initial_loss_scale)
-  if not all(s.isdigit() and int(s) >= 1 for s in FLAGS.trace_steps):
+  if FLAGS.transfer_dtype != 'float32' and not FLAGS.pack_transfers:
     raise cluster_config.UsageError(
-        '--trace_steps must be step numbers from 1, e.g. 50,51 (got %s)' %
-        ','.join(FLAGS.trace_steps))
+        '--transfer_dtype=%s needs the packed transfers: drop '
+        '--nopack_transfers or --transfer_dtype' % FLAGS.transfer_dtype)
   task = cluster_config.resolve_task(
       FLAGS.job_name, FLAGS.task_index, FLAGS.ps_hosts, FLAGS.worker_hosts,
       FLAGS.replicas_to_aggregate, FLAGS.existing_servers)
@@ -204,7 +237,7 @@ def check_flags():
 
 def compute_dtype():
   """What the worker computes in: None (float32), bfloat16 or float16."""
-  return cluster_runtime.compute_dtype(
+  return precision.compute_dtype(
       FLAGS.mixed_precision, FLAGS.mixed_precision_dtype, FLAGS.num_gpus)
 
 
@@ -218,17 +251,17 @@ def main(_):
   except (cluster_config.UsageError, cifar10_input.DataError,
           checkpoints.TrainDirError, checkpoints.WriteError) as e:
     print('Error: %s' % e, file=sys.stderr)
-    status = 2  # (3, a ps lost at the last save: training_session.)
+    status = 2  # (3, a ps lost at the last save: CheckpointSaverHook.)
   # All is written (the summary hook flushed; a ps waited for the workers
   # to exit): skip Python's 1.4-1.6 s teardown of TensorFlow.
-  training_session.exit_now(status)
+  session.exit_now(status)
 
 
 def train():
   """Runs this task; returns the process exit status."""
   task = check_flags()
   cluster_runtime.report_waits_after(FLAGS.wait_report_secs)
-  tf.get_logger().addFilter(training_session.ReportLostTask(task.task_index))
+  tf.get_logger().addFilter(session.ReportLostTask(task.task_index))
   print('job_name : %s' % task.job_name)
   print('task_index : %d' % task.task_index)
   cluster = (tf.train.ClusterSpec({'ps': task.ps_hosts,
@@ -238,19 +271,66 @@ def train():
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # Nothing to save: just go.
     return cluster_runtime.run_ps(cluster, task.task_index)
   if task.job_name == 'evaluator':
-    training_session.StopOnSignal('Evaluator')
+    session_hooks.StopOnSignalHook('Evaluator')
     return cifar10_eval.run(FLAGS.train_dir, FLAGS.data_dir, FLAGS.batch_size,
                             FLAGS.standardize, FLAGS.max_steps,
                             FLAGS.eval_interval_secs, FLAGS.run_once)
   return train_worker(task, cluster)
 
 
+def train_worker(task, cluster):
+  """Trains as worker task.task_index; returns the exit status."""
+  task_index, is_chief = task.task_index, task.task_index == 0
+  # Checkpoint shards are written by the ps processes: give them an
+  # absolute path, not one relative to their working directory.
+  train_dir = os.path.abspath(FLAGS.train_dir)
+  config = cluster_runtime.session_config(
+      'worker', task_index, task.worker_hosts if cluster else None,
+      FLAGS.num_gpus, FLAGS.intra_op_threads, FLAGS.log_device_placement,
+      compute_dtype())
+  # The Server: this worker's gRPC server, started here (or, with
+  # --existing_servers, one already running); '' in one process.
+  master = cluster_runtime.session_target(task, cluster, config,
+                                          FLAGS.existing_servers)
+  graph = build_graph(task, cluster)
+  line = (precision.mixed_precision_line(
+      task_index, compute_dtype(), FLAGS.num_gpus) if compute_dtype() else
+          precision.mixed_precision_hint(task_index, FLAGS.num_gpus))
+  if line:  # Without the flag, a line only where it would pay.
+    print(line)
+  # Only now, with the data checked and the port ours, touch train_dir: a
+  # mistake on the command line must not cost a --fresh_start deletion.
+  checkpoints.prepare(train_dir, is_chief, FLAGS.fresh_start)
+  resume = (session.chief_start(
+      train_dir, data_layout.identity(FLAGS.data_dir), FLAGS.new_data,
+      FLAGS.max_steps, len(task.ps_hosts), graph.schedule,
+      cifar10_model.averages_of_weights()) if is_chief else None)
+  scaffold = train_graph.scaffold(graph)
+  hooks = make_hooks(graph, scaffold, train_dir, task, cluster is None)
+  try:
+    last_step = run_session(graph, session.SessionCreator(
+        scaffold, master, config, task, train_dir, resume,
+        cifar10_model.averages_of_weights()), hooks,
+                            task_index, train_dir)
+  except tf1.train.NanLossDuringTrainingError:
+    print('Error: the model diverged with loss = NaN; the last good '
+          'checkpoint in %s is kept. Lower --initial_learning_rate and '
+          'restart.' % train_dir, file=sys.stderr)
+    return 1
+  finally:  # The step on the ps, or else the last this worker saw.
+    final_step = None if cluster is None else (
+        cluster_runtime.tell_cluster_done(
+            master, config, task_index, task.ps_hosts, graph.global_step,
+            bool(graph.sync_opt) and is_chief))
+  return session.finished(task_index, final_step or last_step, FLAGS.max_steps)
+
+
 def build_graph(task, cluster):
   """The input pipeline and the training graph of this worker."""
   sync = FLAGS.sync_replicas and cluster is not None
   replicas = FLAGS.replicas_to_aggregate or len(task.worker_hosts)
-  input_device, variable_device = training_graph.devices(
-      cluster, task.task_index, FLAGS.num_gpus)
+  input_device, variable_device = train_graph.devices(
+      cluster=cluster, task_index=task.task_index, num_gpus=FLAGS.num_gpus)
   seed = FLAGS.seed + task.task_index
   tf1.set_random_seed(seed)
   with tf.device(input_device):
@@ -260,13 +340,17 @@ def build_graph(task, cluster):
         num_preprocess_threads=FLAGS.num_preprocess_threads,
         standardize=FLAGS.standardize, crop_padding=FLAGS.crop_padding)
   with tf1.device(variable_device):
-    return training_graph.build(
-        images, labels, len(task.ps_hosts), task.task_index == 0,
-        schedule(FLAGS.batch_size * (replicas if sync else 1)),
-        (replicas, len(task.worker_hosts)) if sync else None,
-        tf.as_dtype(FLAGS.transfer_dtype) if cluster else None,
-        FLAGS.initial_loss_scale if compute_dtype() == 'float16' else None,
-        FLAGS.loss_scale_period, data_layout.num_classes(FLAGS.data_dir)[0])
+    return train_graph.build(
+        images=images, labels=labels, num_ps=len(task.ps_hosts),
+        is_chief=task.task_index == 0,
+        schedule=schedule(FLAGS.batch_size * (replicas if sync else 1)),
+        sync=(replicas, len(task.worker_hosts)) if sync else None,
+        num_classes=data_layout.num_classes(FLAGS.data_dir)[0],
+        loss_scale=(FLAGS.initial_loss_scale
+                    if compute_dtype() == 'float16' else None),
+        loss_scale_period=FLAGS.loss_scale_period,
+        pack_transfers=FLAGS.pack_transfers and cluster is not None,
+        transfer_dtype=tf.as_dtype(FLAGS.transfer_dtype))
 
 
 def schedule(examples_per_update):
@@ -287,80 +371,34 @@ def make_hooks(graph, scaffold, train_dir, task, single_process):
   hooks = [tf1.train.NanTensorHook(graph.loss),  # First: no NaN is saved.
            tf1.train.StopAtStepHook(last_step=FLAGS.max_steps)]
   if is_chief:
-    hooks += [training_session.CheckpointSaver(
+    hooks += [session_hooks.CheckpointSaverHook(
         train_dir, FLAGS.save_checkpoint_steps, scaffold, task.ps_hosts),
               tf1.train.SummarySaverHook(
                   save_steps=FLAGS.save_summaries_steps, output_dir=train_dir,
                   scaffold=scaffold),
               # After the first checkpoint: its read must not delay it.
-              training_session.LearningRateLine(graph)]
+              session_hooks.LearningRateLineHook(graph)]
   if graph.sync_opt:
     # After the first checkpoint too: the chief's sync thread applies the
     # others' gradients, and the checkpoint named step N must hold step N.
-    hooks += [training_session.SyncReplicasHook(graph.sync_opt, is_chief),
-              training_session.JoinedWorkers(
+    hooks += [session_hooks.SyncReplicasHook(graph.sync_opt, is_chief),
+              presence.JoinedWorkersHook(
                   task_index, task.worker_hosts,
                   FLAGS.replicas_to_aggregate or len(task.worker_hosts))]
   if not is_chief and not single_process:
-    hooks.append(training_session.ChiefWatch(
+    hooks.append(presence.ChiefWatchHook(
         task_index, task.worker_hosts[0], graph.global_step, FLAGS.max_steps))
   if graph.loss_scaling and is_chief:
-    hooks.append(training_session.SkippedSteps(graph.loss_scaling.after))
+    hooks.append(session_hooks.SkippedStepsHook(graph.loss_scaling.after))
   if FLAGS.trace_steps:
-    hooks.append(training_session.TraceSteps(
+    hooks.append(session_hooks.TraceStepsHook(
         [int(s) for s in FLAGS.trace_steps], train_dir, task_index))
   # Last: its after_run comes after every other hook's checkpoint writes.
-  hooks.append(training_session.StopOnSignal(
+  hooks.append(session_hooks.StopOnSignalHook(
       'Worker %d' % task_index,
       *((scaffold, train_dir, graph.global_step) if is_chief else ()),
       wait_for_step=single_process, ps_hosts=task.ps_hosts))
   return hooks
-
-
-def train_worker(task, cluster):
-  """Trains as worker task.task_index; returns the exit status."""
-  task_index, is_chief = task.task_index, task.task_index == 0
-  # Checkpoint shards are written by the ps processes: give them an
-  # absolute path, not one relative to their working directory.
-  train_dir = os.path.abspath(FLAGS.train_dir)
-  graph = build_graph(task, cluster)
-  config = cluster_runtime.session_config(
-      'worker', task_index, task.worker_hosts if cluster else None,
-      FLAGS.num_gpus, FLAGS.intra_op_threads, FLAGS.log_device_placement,
-      compute_dtype())
-  precision = (cluster_runtime.mixed_precision_line(
-      task_index, compute_dtype(), FLAGS.num_gpus) if compute_dtype() else
-               cluster_runtime.mixed_precision_hint(task_index, FLAGS.num_gpus))
-  if precision:  # Without the flag, a line only where it would pay.
-    print(precision)
-  master = cluster_runtime.session_target(task, cluster, config,
-                                          FLAGS.existing_servers)
-  # Only now, with the data checked and the port ours, touch train_dir: a
-  # mistake on the command line must not cost a --fresh_start deletion.
-  checkpoints.prepare(train_dir, is_chief, FLAGS.fresh_start)
-  resume = (training_session.chief_start(
-      train_dir, data_layout.identity(FLAGS.data_dir), FLAGS.new_data,
-      FLAGS.max_steps, len(task.ps_hosts), graph.schedule,
-      cifar10_model.averages_of_weights()) if is_chief else None)
-  scaffold = training_graph.scaffold(graph)
-  hooks = make_hooks(graph, scaffold, train_dir, task, cluster is None)
-  try:
-    last_step = run_session(graph, training_session.SessionCreator(
-        scaffold, master, config, task, train_dir, resume,
-        cifar10_model.averages_of_weights()), hooks,
-                            task_index, train_dir)
-  except tf1.train.NanLossDuringTrainingError:
-    print('Error: the model diverged with loss = NaN; the last good '
-          'checkpoint in %s is kept. Lower --initial_learning_rate and '
-          'restart.' % train_dir, file=sys.stderr)
-    return 1
-  finally:  # The step on the ps, or else the last this worker saw.
-    final_step = None if cluster is None else (
-        cluster_runtime.tell_cluster_done(
-            master, config, task_index, task.ps_hosts, graph.global_step,
-            bool(graph.sync_opt) and is_chief))
-  return training_session.finished(task_index, final_step or last_step,
-                                   FLAGS.max_steps)
 
 
 def run_session(graph, creator, hooks, task_index, train_dir):
@@ -397,9 +435,9 @@ def run_loop(sess, fetches, writer, global_step):
     return step
   local_step = 0
   start = time.time()
-  left = training_session.TimeLeft(FLAGS.max_steps)
+  left = session_hooks.TimeLeft(FLAGS.max_steps)
   while not sess.should_stop():
-    step, loss_value, accuracy_value = training_session.run_step(sess, fetches)
+    step, loss_value, accuracy_value = session.run_step(sess, fetches)
     local_step += 1
     if local_step == 1:
       left.update(step)  # Where the global step's rate is measured from.
@@ -424,4 +462,4 @@ def run_loop(sess, fetches, writer, global_step):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

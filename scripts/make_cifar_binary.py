@@ -37,7 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from training import data_layout  # pylint: disable=g-import-not-at-top,wrong-import-position
-from progress import Progress  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tqdm import tqdm  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 SIZE = data_layout.cifar_height
 IMAGE_EXTENSIONS = ('.png', '.jpg', '.jpeg')
@@ -48,10 +48,6 @@ IDX_UBYTE = 0x08
 
 class InputError(Exception):
   """SOURCE cannot be converted; the message says why and what to do."""
-
-
-def images_line(n):
-  return '{:,} images'.format(int(n))
 
 
 def read_idx(path):
@@ -194,7 +190,7 @@ def load_images(items, progress):
     except (OSError, UnidentifiedImageError, ValueError) as e:
       raise InputError('%s cannot be read as an image (%s): fix or remove '
                        'it' % (path, e))
-    progress.update(progress.done + 1)
+    progress.update()
   return np.array([label for _, label in items], np.uint8), images
 
 
@@ -225,11 +221,10 @@ def load_tree(source, test_fraction, seed, out):
     # files in turn.
     items[split] = [items[split][i] for i in rng.permutation(
         len(items[split]))]
-  progress = Progress(out, len(items['train']) + len(items['test']),
-                      unit=images_line)
-  sets = {split: load_images(items[split], progress)
-          for split in ('train', 'test')}
-  progress.finish()
+  with tqdm(total=len(items['train']) + len(items['test']), unit=' images',
+            file=out, mininterval=0.1 if out.isatty() else 10) as progress:
+    sets = {split: load_images(items[split], progress)
+            for split in ('train', 'test')}
   return sets, names
 
 

@@ -4,10 +4,11 @@ in each: a fork server, for the tests only.
 A task spends 4-5 s of CPU importing TensorFlow before its first line of
 ours runs (measured on CI's 2-core AMD EPYC), and the suite starts some 400
 of them: on 2 cores that import was most of the suite's time. This server
-imports, once, what train_distributed.py imports, as its prologue does it
-(TF_USE_LEGACY_KERAS=1, TF_CPP_MIN_LOG_LEVEL's default), and then forks a
-child per request. Each child is a real process of its own: its PID, its
-ports, its files, its signals and its exit status. It runs
+imports, once, the modules train_distributed.py imports (read from its
+source, in its order), as its prologue does it (TF_USE_LEGACY_KERAS=1,
+TF_CPP_MIN_LOG_LEVEL's default), and then forks a child per request. Each
+child is a real process of its own: its PID, its ports, its files, its
+signals and its exit status. It runs
 train_distributed.py as __main__ with the requested argv, environment,
 working directory and log file, so its flags, its stderr filter, its
 signal handlers and its exit are the script's own. Only the import is not
@@ -18,7 +19,7 @@ the scripts' tests).
 The server is the children's parent: it reaps them and writes each exit
 status, as subprocess.Popen reports it (-N for signal N), to
 STATUS_DIR/N.status, N the request's number (PIDs come back: 32768 of them
-here, and TensorFlow's threads use them up too). conftest.ForkedProcess
+here, and TensorFlow's threads use them up too). helpers.ForkedProcess
 reads it, and signals the child through a pidfd, which never reaches
 another process that got its PID.
 
@@ -38,7 +39,9 @@ group), so that it outlives the tests' clean-up; its children get Python's
 own handler back.
 """
 
+import ast
 import ctypes
+import importlib
 import itertools
 import json
 import os
@@ -48,6 +51,22 @@ import socket
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAINER = os.path.join(ROOT, 'train_distributed.py')
+
+
+def trainer_imports():
+  """The modules train_distributed.py imports at its top level, in its
+  order: `import a.b` and `from a import b` (b a module, or a name in a)
+  give a.b, or a. Read from its source, so that a module it comes to
+  import, or one renamed, is preloaded too."""
+  with open(TRAINER) as f:
+    tree = ast.parse(f.read(), TRAINER)
+  for node in tree.body:
+    if isinstance(node, ast.Import):
+      yield from (alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom) and not node.level:
+      for alias in node.names:
+        yield '%s.%s' % (node.module, alias.name)
 
 
 def preload():
@@ -56,12 +75,13 @@ def preload():
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')
   os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
   sys.path.insert(0, ROOT)
-  # pylint: disable=g-import-not-at-top,unused-import
-  from absl import app
-  import tensorflow as tf
-  import cifar10_model  # tf_slim, after the alias it needs.
-  import training_session
-  # pylint: enable=g-import-not-at-top,unused-import
+  for name in trainer_imports():
+    try:
+      importlib.import_module(name)
+    except ModuleNotFoundError as e:
+      if e.name != name:  # Not a module: a name its package defines.
+        raise
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   # TensorFlow loads tf.compat.v1 and its submodules on first use.
   tf.compat.v1.train.MonitoredSession  # pylint: disable=pointless-statement
   sys.path.remove(ROOT)

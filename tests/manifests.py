@@ -4,7 +4,7 @@ import os
 
 import yaml
 
-from conftest import ROOT
+from helpers import ROOT
 
 
 def documents(name):

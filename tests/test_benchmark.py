@@ -13,7 +13,9 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
+import benchmark_network
+import benchmark_report
 import cpu_profile
 import network_namespaces
 import plan_cluster
@@ -172,7 +174,6 @@ def test_eight_workers_on_slow_links_predicted_from_their_own_shape():
   busiest link; figures worked by hand from the planner's constants
   (1.033 bytes on the wire a byte, 0.3 of the busiest link and a worker's
   own again for the push, 0.58 of the step hiding it)."""
-  import benchmark  # pylint: disable=g-import-not-at-top
   def run(num_ps, mbit, ms, num_workers=8, batch_size=16):
     return {'num_ps': num_ps, 'num_workers': num_workers, 'mbit': mbit,
             'batch_size': batch_size, 'transfer_dtype': 'float32',
@@ -183,7 +184,7 @@ def test_eight_workers_on_slow_links_predicted_from_their_own_shape():
                       # 2 workers of the same shape must not be taken as
                       # the 8 workers' starting point.
                       run(1, None, 90.0, 2, 64), run(1, 100, 300.0, 2, 64)]}
-  benchmark.predict_network(network, {'pull': 719848,
+  benchmark_report.predict_network(network, {'pull': 719848,
                                       'largest_ps_share': {1: 1.0, 2: 0.51}})
   one_slow, two_slow, two_free = (network['runs'][1], network['runs'][3],
                                   network['runs'][2])
@@ -202,7 +203,7 @@ def test_eight_workers_on_slow_links_predicted_from_their_own_shape():
   assert two_slow['speedup_over_1_ps'] == pytest.approx(800 / 450)
   assert network['runs'][5]['predicted_ms'] == pytest.approx(
       90 + 118.976 + max(0, 0.3 * 118.976 + 59.488 - 0.58 * 90), abs=0.01)
-  assert benchmark.link_run_name(16, 100, 2, 'float32', 8) == (
+  assert benchmark_network.link_run_name(16, 100, 2, 'float32', 8) == (
       '2 ps + 8 workers, sync, 100 Mbit/s, batch 16')
 
 
@@ -240,7 +241,6 @@ def test_perf_where_perf_cannot_record_is_one_line(capsys, monkeypatch,
 
 
 def test_perf_tables_take_the_median_of_each_kind_over_the_rounds():
-  import benchmark  # pylint: disable=g-import-not-at-top
   rounds = [
       {'workers': {'Python': 1.0, 'gRPC, sockets, protobuf': 0.2},
        'ps': {'Python': 0.1}},
@@ -252,8 +252,8 @@ def test_perf_tables_take_the_median_of_each_kind_over_the_rounds():
   median = {'workers': {'Python': 2.0, 'gRPC, sockets, protobuf': 0.2},
             'ps': {'Python': 0.1}, 'idle': {'TensorFlow runtime, the rest':
                                             0.0}}
-  assert benchmark.median_profile(rounds) == median
-  lines = benchmark.perf_markdown({'single process': {
+  assert benchmark_report.median_profile(rounds) == median
+  lines = benchmark_report.perf_markdown({'single process': {
       'perf_ms_per_image': median}, 'a peer': {'images_per_sec': 1.0}})
   # Columns: spinning, kernel, memory, gRPC, Python, oneDNN, Eigen, the
   # rest, all; rows: workers, ps, other, idle.
@@ -265,4 +265,19 @@ def test_perf_tables_take_the_median_of_each_kind_over_the_rounds():
       '| single process: idle | 0.000 | 0.000 | 0.000 | 0.000 | 0.000 | '
       '0.000 | 0.000 | 0.000 | 0.000 |']
   assert len(lines) == 6 and lines[0] == ''
-  assert benchmark.perf_markdown({'single process': {}}) == []
+  assert benchmark_report.perf_markdown({'single process': {}}) == []
+
+
+def test_the_plain_graph_row_runs_beside_the_packed_one():
+  """--nopack_transfers on the synchronous cluster's shape, next to it in
+  the table, picked by --only as any row is (with the baseline)."""
+  import benchmark  # pylint: disable=g-import-not-at-top
+  names = [c.name for c in benchmark.CONFIGS]
+  sync = names.index('1 ps + 2 workers, sync')
+  plain = benchmark.CONFIGS[sync + 1]
+  assert plain == ('1 ps + 2 workers, sync, plain graph', 1, 2,
+                   ('--nopack_transfers',), False)
+  assert [c.name for c in benchmark.chosen_configs(
+      quick=False, only='plain graph')] == ['single process', plain.name]
+  assert plain.name not in [c.name for c in benchmark.chosen_configs(
+      quick=True, only=None)]

@@ -9,9 +9,7 @@ import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, 'scripts'))
-import cpu_profile  # pylint: disable=g-import-not-at-top,wrong-import-position
+import cpu_profile  # From scripts/, on the path helpers.py sets.
 
 TF = '/usr/lib/python3/site-packages/tensorflow/libtensorflow_cc.so.2'
 # Lines of `perf script -F pid,time,ip,sym,dso` from a real cluster step.

@@ -15,10 +15,9 @@ import pytest
 import tensorflow as tf
 
 from training import checkpoints
-from test_cluster import assert_clean_logs, checkpoint_step
-from test_cluster import cluster_flags, latest_step, single_process_flags
-from test_cluster import start_cluster
-from test_faults import wait_until
+from helpers import assert_clean_logs, checkpoint_step, cluster_flags
+from helpers import latest_step, single_process_flags, start_cluster
+from helpers import wait_until
 
 
 @pytest.fixture

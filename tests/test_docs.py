@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 
 PAGES = ['README.md', 'README.zh-CN.md'] + sorted(
     os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, 'docs',

@@ -24,7 +24,7 @@ import time
 import pytest
 
 import download_cifar10
-from conftest import ROOT, free_ports
+from helpers import ROOT, free_ports
 
 SCRIPT = os.path.join(ROOT, 'scripts', 'download_cifar10.py')
 NAME = 'cifar-10-binary.tar.gz'
@@ -193,59 +193,38 @@ def run_script(*args, timeout=30):
       proc.wait()
 
 
+def last_progress(line):
+  """The last state of a progress bar redrawn with carriage returns."""
+  return line.split('\r')[-1]
+
+
+def kilobytes(n):
+  """n bytes as tqdm's progress bar counts them: 3 digits and k (the test
+  archive is between 100 and 999 kB)."""
+  assert 100e3 <= n < 999.5e3
+  return '%.0fk' % (n / 1e3)
+
+
 def test_downloads_checks_and_unpacks(served, archive, data_dir, tiny_data,
                                       capsys):
   url, md5 = served
   assert download_cifar10.main(['--data_dir', data_dir, '--url', url,
                                 '--md5', md5]) == 0
   assert_holds(data_dir, tiny_data)  # The .part file is gone too.
-  out = capsys.readouterr().out.splitlines()
+  out = capsys.readouterr().out.split('\n')
   assert out[0] == 'Downloading %s (%s) into %s' % (
       url, download_cifar10.size(len(archive)), part_of(data_dir))
-  # Not a terminal: a line at each 10% (chunks are under 10% of the file),
-  # with bytes, total, percent, rate and time left; then a final line.
-  marks = out[1:-2]
-  assert len(marks) == 9, out
-  percents = []
-  for line in marks:
-    match = re.fullmatch(r'  [\d.]+ kB / [\d.]+ kB +(\d+)%  [\d.]+ [kMG]?B/s'
-                         r'  (\d+:\d\d|--:--) left', line)
-    assert match, line
-    percents.append(int(match.group(1)))
-  assert percents == sorted(percents) and 10 <= percents[0] < percents[-1] < 100
-  assert re.fullmatch(r'  [\d.]+ kB in \d+:\d\d \([\d.]+ [kMG]?B/s\)', out[-2])
-  assert out[-1] == 'CIFAR-10 is in %s' % data_dir
+  # Then the progress bar, on one line; it ends at every byte, 100%, no
+  # time left, and the rate.
+  assert len(out) == 4 and out[-2:] == ['CIFAR-10 is in %s' % data_dir, '']
+  bar = last_progress(out[1])
+  assert bar.startswith('100%|')
+  assert '| %s/%s [' % (kilobytes(len(archive)), kilobytes(len(archive))) in bar
+  assert re.search(r'<00:00, [\d.]+[kMG]?B/s\]$', bar), bar
   # A second run finds valid data and does nothing, without the network.
   assert download_cifar10.main(['--data_dir', data_dir, '--url',
                                 'http://127.0.0.1:9/none']) == 0
   assert 'nothing to do' in capsys.readouterr().out
-
-
-def test_progress_on_a_terminal():
-  out = io.StringIO()
-  now = [100.0]
-  progress = download_cifar10.Progress(out, total=4000000, start=0, tty=True,
-                                       clock=lambda: now[0])
-  for done, seconds in ((1000000, 1.0), (1050000, 0.01), (2000000, 0.99)):
-    now[0] += seconds  # 0.01 s after the last: not drawn.
-    progress.update(done)
-  now[0] += 2.0
-  progress.update(4000000)
-  progress.finish()
-  draws = out.getvalue().split('\r')
-  assert draws[0] == ''
-  assert draws[1] == ('  [######..................]  1.0 MB / 4.0 MB   25%  '
-                      '1.0 MB/s  0:03 left')
-  assert draws[2] == ('  [############............]  2.0 MB / 4.0 MB   50%  '
-                      '1.0 MB/s  0:02 left')
-  assert draws[3].startswith('  [########################]  4.0 MB / 4.0 MB '
-                             ' 100%') and draws[3].endswith('0:00 left')
-  # The final line overwrites the bar (padded to its length), then a newline.
-  assert draws[4].startswith('  4.0 MB in 0:04 (1.0 MB/s)  ')
-  assert draws[4].endswith('\n') and len(draws[4]) == len(draws[3]) + 1
-  assert out.getvalue().count('\n') == 1
-  progress.end_line()  # Nothing left open: no second newline.
-  assert out.getvalue().count('\n') == 1
 
 
 def test_progress_without_a_size(serve, data_dir, tiny_data, capsys):
@@ -253,14 +232,13 @@ def test_progress_without_a_size(serve, data_dir, tiny_data, capsys):
   assert download_cifar10.main(['--data_dir', data_dir, '--url', server.url,
                                 '--md5', server.md5]) == 0
   assert_holds(data_dir, tiny_data)
-  out = capsys.readouterr().out.splitlines()
-  assert out[0] == 'Downloading %s into %s' % (server.url, part_of(data_dir))
-  assert re.fullmatch(r'  %s in \d+:\d\d \([\d.]+ [kMG]?B/s\)' %
-                      download_cifar10.size(len(server.body)), out[1])
-  assert '%' not in ''.join(out)
-  line = download_cifar10.Progress(io.StringIO(), None, tty=False,
-                                   clock=lambda: 0).line(2.0)
-  assert line == '0 B  0 B/s'
+  out = capsys.readouterr().out
+  lines = out.split('\n')
+  assert lines[0] == 'Downloading %s into %s' % (server.url, part_of(data_dir))
+  # Bytes and rate; no percent or time left without a total.
+  assert re.fullmatch(r'%sB \[\d\d:\d\d, [\d.]+[kMG]?B/s\]' %
+                      kilobytes(len(server.body)), last_progress(lines[1]))
+  assert '%' not in out
 
 
 def test_the_downloader_does_not_load_tensorflow():
@@ -329,8 +307,11 @@ def test_ctrl_c_keeps_the_part_and_a_rerun_resumes(signum, serve, data_dir,
   assert server.ranges_asked() == [None, 'bytes=120000-']
   assert server.sent[1] == len(server.body) - 120000
   assert_holds(data_dir, tiny_data)
-  assert capsys.readouterr().out.startswith(
+  out = capsys.readouterr().out
+  assert out.startswith(
       'Resuming %s: 120.0 kB of %s kept in %s\n' % (server.url, total, part))
+  # The progress bar counts the kept bytes from its start.
+  assert '| 120k/%s [' % kilobytes(len(server.body)) in out
 
 
 def test_a_cut_connection_is_one_line_and_resumes(serve, data_dir, tiny_data,

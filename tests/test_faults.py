@@ -9,43 +9,12 @@ import time
 import pytest
 import tensorflow as tf
 
-from conftest import free_ports
-from test_cluster import FAST, PROGRESS, checkpoint_step, checkpoint_steps
-from test_cluster import cluster_flags, latest_step, shard_counts
-from test_cluster import start_cluster
-
-
-def steps(procs, name):
-  return [int(s) for s in PROGRESS.findall(procs.log(name))]
-
-
-def wait_until(predicate, timeout, what, procs):
-  deadline = time.time() + timeout
-  while time.time() < deadline:
-    if predicate():
-      return
-    time.sleep(0.2)
-  pytest.fail('%s did not happen within %d s; logs:\n%s' % (what, timeout,
-                                                            procs.tails()))
-
-
-def last_step(procs, name):
-  found = steps(procs, name)
-  return found[-1] if found else -1
-
-
-def start_sync_cluster(procs, flags):
-  procs.trainer('ps0', '--job_name=ps', '--task_index=0', *flags)
-  procs.trainer('worker1', '--job_name=worker', '--task_index=1', *flags)
-  procs.trainer('worker0', '--job_name=worker', '--task_index=0', *flags)
+from helpers import FAST, checkpoint_step, checkpoint_steps, cluster_flags
+from helpers import free_ports, kill9, last_step, latest_step, shard_counts
+from helpers import start_cluster, steps, wait_until
 
 
 OBSERVE_SECS = 4
-
-
-def kill9(procs, name):
-  procs.procs[name].kill()
-  procs.procs[name].wait()
 
 
 def test_sigterm_makes_the_chief_checkpoint_and_exit(procs, tiny_data,
@@ -65,7 +34,7 @@ def test_sigterm_makes_the_chief_checkpoint_and_exit(procs, tiny_data,
 def test_backup_worker_killed_and_restarted(procs, tiny_data, tmp_path):
   flags = cluster_flags(tiny_data, str(tmp_path / 'train')) + [
       '--max_steps=100000', '--replicas_to_aggregate=1']
-  start_sync_cluster(procs, flags)
+  start_cluster(procs, flags)  # ps0, worker1, worker0.
   wait_until(lambda: last_step(procs, 'worker1') >= 5, 90, 'worker 1 steps',
              procs)
   kill9(procs, 'worker1')
@@ -94,7 +63,7 @@ def test_full_sync_waits_for_a_lost_worker_and_resumes(procs, tiny_data,
   flags = cluster_flags(tiny_data, train_dir) + [
       '--max_steps=100000', '--save_checkpoint_steps=100000',
       '--log_frequency=1']
-  start_sync_cluster(procs, flags)
+  start_cluster(procs, flags)  # ps0, worker1, worker0.
   wait_until(lambda: last_step(procs, 'worker0') >= 5, 90, 'chief steps',
              procs)
   kill9(procs, 'worker1')

@@ -15,8 +15,8 @@ import threading
 
 import tensorflow as tf
 
-from test_cluster import single_process_flags
-from test_local_cluster import SCRIPT
+from helpers import LOCAL_CLUSTER_SCRIPT as SCRIPT
+from helpers import single_process_flags
 
 SHORT = ['--batch_size=16', '--num_workers=1', '--max_steps=10', '--',
          '--num_preprocess_threads=2', '--log_frequency=5',

@@ -1,21 +1,23 @@
 """The tests' fork server (forkserver.py) starts the trainer's tasks, and
-they behave as processes started afresh: exit statuses, signals, logs."""
+they behave as processes started afresh: exit statuses, signals, logs;
+none gets the TensorFlow variables the caller's shell exported."""
 
+import os
 import signal
 import subprocess
 
 import pytest
 
-import conftest
-from test_cluster import single_process_flags
+import helpers
+from helpers import single_process_flags
 
 
 def test_trainer_tasks_come_from_the_fork_server(procs, tiny_data, tmp_path):
-  if not conftest.USE_FORKSERVER:
+  if not helpers.USE_FORKSERVER:
     pytest.skip('TESTS_FORKSERVER=0: every task starts afresh, as asked')
   bad = procs.trainer('bad', '--bogus')
   # A forked task: the server's child, not the test's.
-  assert isinstance(bad, conftest.ForkedProcess)
+  assert isinstance(bad, helpers.ForkedProcess)
   assert bad.wait(60) == 1
   assert "FATAL Flags parsing error: Unknown command line flag 'bogus'" in (
       procs.log('bad'))
@@ -25,7 +27,7 @@ def test_trainer_tasks_come_from_the_fork_server(procs, tiny_data, tmp_path):
                                              str(tmp_path / 'train')))
   procs.wait_for_line('long', 'Session initialization complete.', 120)
   with open('/proc/%d/status' % long.pid) as f:
-    assert 'PPid:\t%d\n' % conftest.FORK_SERVER.proc.pid in f.read()
+    assert 'PPid:\t%d\n' % helpers.FORK_SERVER.proc.pid in f.read()
   long.send_signal(signal.SIGKILL)
   assert long.wait(60) == -signal.SIGKILL
   long.send_signal(signal.SIGKILL)  # Reaped: a no-op, whoever has its PID.
@@ -33,3 +35,16 @@ def test_trainer_tasks_come_from_the_fork_server(procs, tiny_data, tmp_path):
   fresh = procs.trainer('fresh', '--bogus', env={'TF_CPP_MIN_LOG_LEVEL': '2'})
   assert isinstance(fresh, subprocess.Popen)
   assert fresh.wait(60) == 1
+
+
+def test_the_callers_tensorflow_variables_reach_no_task():
+  # Exported in the caller's shell, they would change what a task does or
+  # prints (and the fork server's TensorFlow would load with them, unlike
+  # the tasks it forks): the suite drops them as it starts.
+  caller = {'TF_CONFIG': '{"cluster": {"ps": ["h:1"], "worker": ["h:2"]}, '
+                         '"task": {"type": "worker", "index": 0}}',
+            'TF_CPP_MIN_LOG_LEVEL': '2', 'CUDA_VISIBLE_DEVICES': '',
+            'HOME': '/home/someone'}
+  assert helpers.known_environ(caller) == {'HOME': '/home/someone'}
+  assert helpers.known_environ(os.environ) == dict(os.environ)
+  assert helpers.known_environ(helpers.SERVER_ENV) == helpers.SERVER_ENV

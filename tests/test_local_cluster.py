@@ -18,11 +18,11 @@ import pytest
 import tensorflow as tf
 
 import cifar10_model
-from conftest import ROOT, free_ports
+from helpers import LOCAL_CLUSTER_SCRIPT as SCRIPT
+from helpers import ROOT, free_ports
 
 tf1 = tf.compat.v1
 
-SCRIPT = os.path.join(ROOT, 'scripts', 'run_local_cluster.sh')
 FAST = ['--batch_size=16', '--', '--num_preprocess_threads=2',
         '--log_frequency=5', '--save_checkpoint_steps=10',
         '--eval_interval_secs=0.5']

@@ -13,27 +13,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import ROOT, free_ports
-from test_cluster import PROGRESS, checkpoint_step, checkpoint_steps
-from test_cluster import cluster_flags, latest_step, single_process_flags
-from test_cluster import start_cluster
-from test_faults import kill9, wait_until
+from helpers import MAX_TO_KEEP, PROGRESS, ROOT, checkpoint_files
+from helpers import checkpoint_step, checkpoint_steps, cluster_flags
+from helpers import free_ports, kill9, latest_step, listed
+from helpers import single_process_flags, start_cluster, wait_until
 
 tf1 = tf.compat.v1
-
-MAX_TO_KEEP = 5  # tf1.train.Saver's default, which the chief's saver has.
-
-
-def checkpoint_files(train_dir):
-  """The steps of the model.ckpt-N checkpoints on disk, in order."""
-  return sorted(int(re.search(r'-(\d+)\.index$', p).group(1)) for p in
-                glob.glob(os.path.join(train_dir, 'model.ckpt-*.index')))
-
-
-def listed(train_dir):
-  """The steps the `checkpoint` file lists, in its order."""
-  state = tf.train.get_checkpoint_state(train_dir)
-  return [int(p.rsplit('-', 1)[1]) for p in state.all_model_checkpoint_paths]
 
 
 def printed_steps(log):
@@ -190,8 +175,8 @@ def test_telling_a_lost_ps_that_a_worker_is_done_is_bounded(procs, tmp_path):
 # posts, a window too short to hit from outside.
 KILL_PS1_BEFORE = '''
 import os, signal, time
-import training_session
 from training import cluster_runtime
+from training import hooks
 target = %(target)s
 real = getattr(target, %(name)r)
 def kill_ps1_first(*args, **kwargs):
@@ -213,7 +198,7 @@ def test_a_ps_lost_at_the_end_is_named_and_nothing_hangs(procs, tiny_data,
   procs.trainer('ps0', '--job_name=ps', '--task_index=0', *flags)
   procs.trainer('ps1', '--job_name=ps', '--task_index=1', *flags)
   target, name = {'done_posts': ('cluster_runtime', 'tell_cluster_done'),
-                  'final_save': ('training_session.CheckpointSaver', 'end')
+                  'final_save': ('hooks.CheckpointSaverHook', 'end')
                   }[moment]
   procs.trainer('worker0', '--job_name=worker', '--task_index=0', *flags,
                 fault=KILL_PS1_BEFORE % dict(

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import cifar10_model
-from conftest import ROOT
+from helpers import ROOT
 
 tf1 = tf.compat.v1
 

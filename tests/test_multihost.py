@@ -12,8 +12,7 @@ import time
 import pytest
 
 import network_namespaces
-from test_cluster import FAST, checkpoint_step
-from test_faults import last_step, steps, wait_until
+from helpers import FAST, checkpoint_step, last_step, steps, wait_until
 
 # 4 bytes per trainable parameter: a worker's read of the model, per step.
 MODEL_BYTES = 179962 * 4

@@ -103,21 +103,23 @@ def test_the_moving_averages_stay_on_their_ps(sync, loss_scale):
   float16's loss scaling: each gradient is checked for overflow on its ps,
   and only the verdict crosses.
   """
-  import training_graph  # pylint: disable=g-import-not-at-top
+  import train_graph  # pylint: disable=g-import-not-at-top
   graph = tf.Graph()
   cluster = tf.train.ClusterSpec({'ps': ['ps0:1', 'ps1:1'],
                                   'worker': ['w0:1', 'w1:1']})
   with graph.as_default():
-    inputs, variables = training_graph.devices(cluster, 0, 0)
+    inputs, variables = train_graph.devices(cluster=cluster, task_index=0,
+                                            num_gpus=0)
     with tf1.device(inputs):
       images = tf1.placeholder(tf.float32, [4, 32, 32, 3])
       labels = tf1.placeholder(tf.int32, [4])
     with tf1.device(variables):
-      training_graph.build(
-          images, labels, 2, True, learning_rate.Schedule(
+      train_graph.build(
+          images=images, labels=labels, num_ps=2, is_chief=True,
+          schedule=learning_rate.Schedule(
               'exponential', 0.1, 128, 'none', 0, 100, 100, 0.1),
-          sync=(2, 2) if sync else None, transfer_dtype=tf.float32,
-          loss_scale=loss_scale)
+          sync=(2, 2) if sync else None, loss_scale=loss_scale,
+          pack_transfers=True)
   by_name = {op.name: op for op in graph.get_operations()}
   averaged = 0
   for op in graph.get_operations():

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 import plan_cluster
 
 PLANNER = os.path.join(ROOT, 'scripts', 'plan_cluster.py')

@@ -23,10 +23,10 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 
 tf1 = tf.compat.v1
 
-from conftest import SERVERS, free_ports
-from test_cluster import assert_clean_logs, checkpoint_step, checkpoint_steps
-from test_cluster import PROGRESS, cluster_flags, single_process_flags
-from test_cluster import start_cluster
+from helpers import SERVERS, free_ports
+from helpers import assert_clean_logs, checkpoint_step, checkpoint_steps
+from helpers import PROGRESS, cluster_flags, single_process_flags
+from helpers import start_cluster
 
 from training import learning_rate
 
@@ -35,7 +35,7 @@ CONSTANT_RATE = learning_rate.Schedule('exponential', 0.1, 128, 'none', 0,
                                        1000, 1000, 0.1)
 
 # What a worker reads of the model per step, in float32: its 179,962
-# trainable parameters, once (see training_graph.Wire).
+# trainable parameters, once (see training/transfers.py).
 MODEL_BYTES = 179962 * 4
 MIXED = re.compile(r'^Worker 0: (--mixed_precision: (bfloat16|float16) compute|'
                    r'warning: --mixed_precision on a CPU)', re.M)
@@ -242,10 +242,10 @@ CPUINFO = ('processor\t: 0\nvendor_id\t: GenuineIntel\n'
 ])
 def test_the_hint_for_mixed_precision_is_said_only_with_amx(
     tmp_path, flags, num_gpus, hinted):
-  from training import cluster_runtime  # pylint: disable=g-import-not-at-top
+  from training import precision  # pylint: disable=g-import-not-at-top
   cpuinfo = tmp_path / 'cpuinfo'
   cpuinfo.write_text(CPUINFO % flags)
-  line = cluster_runtime.mixed_precision_hint(3, num_gpus, str(cpuinfo))
+  line = precision.mixed_precision_hint(3, num_gpus, str(cpuinfo))
   assert line == (
       "Worker 3: this CPU has AMX-BF16: --mixed_precision would be faster "
       "here (bfloat16 compute, 1.70x images/s on a 2-core Xeon with AMX in "
@@ -253,7 +253,7 @@ def test_the_hint_for_mixed_precision_is_said_only_with_amx(
       "gradient accumulation, BatchNorm statistics and checkpoints stay "
       "float32)" if hinted else None)
   # No /proc/cpuinfo (not Linux): nothing is said.
-  assert cluster_runtime.mixed_precision_hint(
+  assert precision.mixed_precision_hint(
       3, num_gpus, str(tmp_path / 'none')) is None
 
 
@@ -406,22 +406,23 @@ def run_scaled_steps(steps, initial_scale, period=2000):
     [(global step after the step, skipped steps, scale, weights changed)]
     per step.
   """
-  import training_graph  # pylint: disable=g-import-not-at-top
-  import training_session  # pylint: disable=g-import-not-at-top
+  import train_graph  # pylint: disable=g-import-not-at-top
+  from training import hooks  # pylint: disable=g-import-not-at-top
   rng = np.random.RandomState(0)
   with tf.Graph().as_default():
     tf1.set_random_seed(0)
     images = tf.constant(rng.rand(8, 32, 32, 3).astype(np.float32))
     labels = tf.constant(rng.randint(0, 10, 8).astype(np.int32))
-    graph = training_graph.build(images, labels, 0, True, CONSTANT_RATE,
-                                 loss_scale=initial_scale,
-                                 loss_scale_period=period)
+    graph = train_graph.build(images=images, labels=labels, num_ps=0,
+                              is_chief=True, schedule=CONSTANT_RATE,
+                              loss_scale=initial_scale,
+                              loss_scale_period=period)
     scaling = graph.loss_scaling
     weights = tf1.trainable_variables()
     with tf1.train.MonitoredSession(
         session_creator=tf1.train.ChiefSessionCreator(
-            scaffold=training_graph.scaffold(graph)),
-        hooks=[training_session.SkippedSteps(scaling.after)]) as sess:
+            scaffold=train_graph.scaffold(graph)),
+        hooks=[hooks.SkippedStepsHook(scaling.after)]) as sess:
       def read():
         return sess.run_step_fn(lambda step_context: step_context.session.run(
             [graph.global_step, scaling.skipped_steps, scaling.scale,
@@ -470,7 +471,7 @@ def test_every_3_good_steps_in_a_row_double_the_scale():
 def two_workers(procs):
   """Returns start(initial_scale): two asynchronous workers' graphs of the
   trainer (float16 compute on the CPU, with its loss scaling) on a real
-  cluster of 1 ps and 2 workers (conftest.SERVERS; the workers' servers
+  cluster of 1 ps and 2 workers (helpers.SERVERS; the workers' servers
   rewrite their graphs to float16 as a worker does), the model
   initialized, each with a session on its worker's server:
   [(TrainingGraph, session)] for worker 0 and 1."""
@@ -486,21 +487,24 @@ def two_workers(procs):
   sessions = []
 
   def start(initial_scale):
-    import training_graph  # pylint: disable=g-import-not-at-top
+    import train_graph  # pylint: disable=g-import-not-at-top
     procs.wait_for_line('servers', 'serving', timeout=60)
     workers = []
     for task in (0, 1):
       with tf.Graph().as_default() as graph:
         rng = np.random.RandomState(task)
-        inputs, variables = training_graph.devices(
-            tf.train.ClusterSpec(cluster), task, 0)
+        inputs, variables = train_graph.devices(
+            cluster=tf.train.ClusterSpec(cluster), task_index=task,
+            num_gpus=0)
         with tf.device(inputs):
           images = tf.constant(rng.rand(16, 32, 32, 3).astype(np.float32))
           labels = tf.constant(rng.randint(0, 10, 16).astype(np.int32))
         with tf1.device(variables):
-          built = training_graph.build(images, labels, 1, task == 0,
-                                       CONSTANT_RATE, None, tf.float32,
-                                       loss_scale=initial_scale)
+          built = train_graph.build(images=images, labels=labels, num_ps=1,
+                                    is_chief=task == 0,
+                                    schedule=CONSTANT_RATE,
+                                    loss_scale=initial_scale,
+                                    pack_transfers=True)
         init = tf.group(tf1.global_variables_initializer() if task == 0
                         else tf.no_op(), built.loss_scaling.local_init_op())
       session = tf1.Session('grpc://' + hosts[1 + task], graph=graph,

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from test_cluster import PROGRESS, assert_clean_logs, checkpoint_steps
-from test_cluster import cluster_flags, shard_counts, start_cluster
+from helpers import PROGRESS, assert_clean_logs, checkpoint_steps
+from helpers import cluster_flags, shard_counts, start_cluster
 
 LOADS = re.compile(r'^Worker 0: ps (\d+) holds (\d+) variables, (\d+) bytes',
                    re.M)

@@ -14,9 +14,8 @@ import re
 
 import tensorflow as tf
 
-from test_cluster import cluster_flags, latest_step, start_cluster
-from test_faults import kill9, wait_until
-from test_long_run import MAX_TO_KEEP, checkpoint_files, listed
+from helpers import MAX_TO_KEEP, checkpoint_files, cluster_flags, kill9
+from helpers import latest_step, listed, start_cluster, wait_until
 
 MAX_STEPS = 110
 # The task killed once the checkpoint of step 10, 20, ... exists.

@@ -9,8 +9,7 @@ import urllib.request
 
 import pytest
 
-from conftest import free_ports
-from test_cluster import FAST
+from helpers import FAST, free_ports
 
 CHIEF_TAGS = {'loss', 'accuracy', 'learning_rate', 'examples/sec'}
 EVAL_TAGS = {'test/accuracy', 'test/loss'}

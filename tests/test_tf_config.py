@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 import manifests
 
 from training import cluster_config

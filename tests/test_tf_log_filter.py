@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 
 sys.path.insert(0, ROOT)
 from training import log_filter  # pylint: disable=g-import-not-at-top,wrong-import-position

@@ -17,10 +17,10 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.training import training_util
 
-from conftest import SERVERS, free_ports
+from helpers import SERVERS, free_ports
 
+import train_graph
 from training import learning_rate
-import training_graph
 
 tf1 = tf.compat.v1
 
@@ -44,21 +44,23 @@ def task_of(op, by_name):
   return spec.job, spec.task
 
 
-def step_graph(num_ps, sync, task_index):
+def step_graph(num_ps, sync, task_index, packed=True):
   """A worker's training graph on 1 ps + 2 workers (or 2 ps), not run;
   returns (graph, the ops its step runs)."""
   graph = tf.Graph()
   cluster = tf.train.ClusterSpec({
       'ps': ['ps%d:1' % i for i in range(num_ps)], 'worker': ['w0:1', 'w1:1']})
   with graph.as_default():
-    inputs, variables = training_graph.devices(cluster, task_index, 0)
+    inputs, variables = train_graph.devices(cluster=cluster,
+                                            task_index=task_index, num_gpus=0)
     with tf1.device(inputs):
       images = tf1.placeholder(tf.float32, [4, 32, 32, 3])
       labels = tf1.placeholder(tf.int32, [4])
     with tf1.device(variables):
-      built = training_graph.build(
-          images, labels, num_ps, task_index == 0, SCHEDULE,
-          sync=(2, 2) if sync else None, transfer_dtype=tf.float32)
+      built = train_graph.build(
+          images=images, labels=labels, num_ps=num_ps,
+          is_chief=task_index == 0, schedule=SCHEDULE,
+          sync=(2, 2) if sync else None, pack_transfers=packed)
     # What the session loop and TensorFlow's hooks fetch every step.
     fetches = [built.step_after, built.loss, built.accuracy] + tf1.get_collection(
         training_util.GLOBAL_STEP_READ_KEY)
@@ -71,7 +73,7 @@ def step_graph(num_ps, sync, task_index):
   return graph, step
 
 
-def crossing(num_ps, sync, task_index):
+def crossing(num_ps, sync, task_index, packed=True):
   """{(source task, destination task): sorted names of the tensors a step
   sends}: its data edges between tasks, but the handles of resources (they
   move no data), named by the tensor; and its control edges between tasks
@@ -80,7 +82,7 @@ def crossing(num_ps, sync, task_index):
   several of another task's, grouped into one (named ^group: and the op
   that waits). Each name without the suffix that makes it unique in the
   graph (packed_2 is a packed)."""
-  graph, step = step_graph(num_ps, sync, task_index)
+  graph, step = step_graph(num_ps, sync, task_index, packed)
   by_name = {op.name: op for op in graph.get_operations()}
   sent = {}
   for op in step:
@@ -105,7 +107,7 @@ def crossing(num_ps, sync, task_index):
 STEP_AFTER = 'Read/ReadVariableOp'
 # The worker's local step, read on the worker (the accumulators' input).
 LOCAL_STEP = 'cifar10_sync_replicas/ReadVariableOp'
-GRADIENTS = 'gradients/split_grad/concat'  # The packed gradients.
+GRADIENTS = 'packed'  # The gradients, packed as the weights are.
 TOKEN = 'sync_token_q_Dequeue'
 
 
@@ -168,7 +170,7 @@ def test_an_asynchronous_worker_sends_the_rate_it_trained_at():
       ('worker1', 'ps1'): sorted(['ExponentialDecay', GRADIENTS, 'packed'])}
 
 
-def one_step(target, cluster, checkpoint, batch, out):
+def one_step(target, cluster, checkpoint, batch, out, packed=True):
   """Restores checkpoint into the trainer's graph (over cluster's 2 ps, or
   in one process with cluster None), runs one asynchronous step on batch,
   saves the result to out; returns (its path, {(source task, destination
@@ -176,16 +178,18 @@ def one_step(target, cluster, checkpoint, batch, out):
   """
   with tf.Graph().as_default():
     if cluster:
-      inputs, variables = training_graph.devices(cluster, 0, 0)
+      inputs, variables = train_graph.devices(cluster=cluster, task_index=0,
+                                              num_gpus=0)
     else:
       inputs = variables = '/cpu:0'
     with tf1.device(inputs):
       images = tf.constant(batch[0])
       labels = tf.constant(batch[1])
     with tf1.device(variables):
-      built = training_graph.build(
-          images, labels, 2 if cluster else 0, True, SCHEDULE,
-          transfer_dtype=tf.float32 if cluster else None)
+      built = train_graph.build(
+          images=images, labels=labels, num_ps=2 if cluster else 0,
+          is_chief=True, schedule=SCHEDULE,
+          pack_transfers=packed and bool(cluster))
     saver = tf1.train.Saver(sharded=bool(cluster))
     config = tf1.ConfigProto(operation_timeout_in_ms=120000)  # No hang.
     with tf1.Session(target, config=config) as sess:
@@ -222,14 +226,16 @@ def received(graph, partition_graphs):
   return sent
 
 
-def test_the_packed_step_trains_as_one_process(procs, tmp_path, monkeypatch):
+@pytest.mark.parametrize('packed', [True, False], ids=['packed', 'plain'])
+def test_a_cluster_step_trains_as_one_process(procs, tmp_path, monkeypatch,
+                                              packed):
   """One step on 2 ps and a worker (gRPC servers, in a process of their
-  own), through the packs,
+  own), through the packs or the article's plain graph (--nopack_transfers),
   the BatchNorm updates on the ps and the partitioned kernels, from the
   same weights and on the same batch as one process: every variable after
   it (weights, statistics, averages) the same. Dropout off, so that the
   two steps draw nothing at random."""
-  monkeypatch.setattr(training_graph, 'DROPOUT_KEEP_PROB', 1.0)
+  monkeypatch.setattr(train_graph, 'DROPOUT_KEEP_PROB', 1.0)
   ports = free_ports(3)
   hosts = ['localhost:%d' % p for p in ports]
   spec = {'ps': hosts[:2], 'worker': hosts[2:]}
@@ -241,31 +247,37 @@ def test_the_packed_step_trains_as_one_process(procs, tmp_path, monkeypatch):
            rng.integers(0, 10, size=8).astype(np.int32))
   initial = str(tmp_path / 'initial')
   with tf.Graph().as_default():
-    training_graph.build(tf.constant(batch[0]), tf.constant(batch[1]), 0,
-                         True, SCHEDULE)
+    train_graph.build(images=tf.constant(batch[0]),
+                      labels=tf.constant(batch[1]), num_ps=0, is_chief=True,
+                      schedule=SCHEDULE)
     saver = tf1.train.Saver()
     with tf1.Session() as sess:
       sess.run(tf1.global_variables_initializer())
       initial = saver.save(sess, initial)
   alone, _ = one_step('', None, initial, batch, str(tmp_path / 'alone'))
-  packed, transfers = one_step('grpc://' + hosts[2],
-                               tf.train.ClusterSpec(spec), initial, batch,
-                               str(tmp_path / 'packed'))
+  clustered, transfers = one_step('grpc://' + hosts[2],
+                                  tf.train.ClusterSpec(spec), initial, batch,
+                                  str(tmp_path / 'cluster'), packed)
   # The tensors TensorFlow sent are those the graph says it sends (see
   # crossing; named by hand in the asynchronous test above, for worker 1,
   # whose graph is worker 0's); its control transfers are fewer than
   # crossing counts (its graph optimizer merges the NoOps of groups): 1-2.
-  static = crossing(2, False, 0)
-  assert {edge: names for edge, (names, _) in transfers.items()} == {
-      edge: [n for n in names if not n.startswith('^')]
-      for edge, names in static.items()}
-  assert {edge: control for edge, (_, control) in transfers.items()} == {
-      ('ps0', 'ps1'): 1, ('ps0', 'worker0'): 2, ('ps1', 'worker0'): 2,
-      ('worker0', 'ps0'): 2, ('worker0', 'ps1'): 0}
-  alone, packed = tf.train.load_checkpoint(alone), tf.train.load_checkpoint(
-      packed)
+  # (The plain graph's many transfers are TensorFlow's to shape: its graph
+  # optimizer drops identities and merges reads; not named here.)
+  if packed:
+    static = crossing(2, False, 0)
+    # (A _Recv names the op, not which of its outputs it sends.)
+    assert {edge: names for edge, (names, _) in transfers.items()} == {
+        edge: sorted(re.sub(r':\d+$', '', n) for n in names
+                     if not n.startswith('^'))
+        for edge, names in static.items()}
+    assert {edge: control for edge, (_, control) in transfers.items()} == {
+        ('ps0', 'ps1'): 1, ('ps0', 'worker0'): 2, ('ps1', 'worker0'): 2,
+        ('worker0', 'ps0'): 2, ('worker0', 'ps1'): 0}
+  alone = tf.train.load_checkpoint(alone)
+  clustered = tf.train.load_checkpoint(clustered)
   names = alone.get_variable_to_shape_map()
-  assert names == packed.get_variable_to_shape_map()
+  assert names == clustered.get_variable_to_shape_map()
   assert len(names) == 1 + 12 + 10 + 12  # Step, weights, statistics, averages.
   initial = tf.train.load_checkpoint(initial)
   for name in names:
@@ -274,5 +286,16 @@ def test_the_packed_step_trains_as_one_process(procs, tmp_path, monkeypatch):
     assert moved.any(), name  # Each moved by the step...
     # ...and by as much through the cluster (the change compared, not the
     # values: a moving variance near 1 moves by 0.005 a step).
-    np.testing.assert_allclose(packed.get_tensor(name) - start, moved,
+    np.testing.assert_allclose(clustered.get_tensor(name) - start, moved,
                                rtol=1e-4, atol=1e-8, err_msg=name)
+
+
+def test_the_plain_graph_sends_each_weight_on_its_own():
+  """--nopack_transfers: the article's graph as built, nothing packed or
+  rewired: each of the 12 weights crosses by itself to the worker."""
+  graph, _ = step_graph(1, True, 0, packed=False)
+  assert not [op for op in graph.get_operations() if 'packed' in op.name]
+  weights = [n for n in crossing(1, True, 0, packed=False)[('ps0', 'worker0')]
+             if n.endswith('ReadVariableOp') and 'InceptionResnetV2/' in n]
+  assert len({n.split('/')[1] for n in weights}) == 6  # Every layer's.
+  assert len(weights) >= 12

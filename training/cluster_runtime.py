@@ -17,7 +17,6 @@ import threading
 import time
 
 import tensorflow as tf
-from tensorflow.core.protobuf import rewriter_config_pb2
 
 from training import checkpoints
 from training.cluster_config import UsageError
@@ -49,9 +48,6 @@ def intra_op_threads(worker_hosts, task_index):
   return max(1, len(os.sched_getaffinity(0)) // on_host)
 
 
-REWRITE_ON = rewriter_config_pb2.RewriterConfig.ON
-
-
 def session_config(job_name, task_index, worker_hosts=None, num_gpus=0,
                    threads=0, log_device_placement=False,
                    compute_dtype=None):
@@ -69,7 +65,8 @@ def session_config(job_name, task_index, worker_hosts=None, num_gpus=0,
     num_gpus: --num_gpus.
     threads: A worker's intra-op threads; 0: intra_op_threads().
     log_device_placement: --log_device_placement.
-    compute_dtype: What --mixed_precision computes in (see compute_dtype()):
+    compute_dtype: What --mixed_precision computes in (see
+      precision.compute_dtype()):
       TensorFlow's graph rewrite, which computes the convolutions, matrix
       products and their gradients in it and keeps the variables, their
       updates and the BatchNorm statistics in float32 (a worker's grappler
@@ -80,11 +77,11 @@ def session_config(job_name, task_index, worker_hosts=None, num_gpus=0,
                            log_device_placement=log_device_placement)
   rewrite = config.graph_options.rewrite_options
   if compute_dtype == 'bfloat16':
-    rewrite.auto_mixed_precision_onednn_bfloat16 = REWRITE_ON
+    rewrite.auto_mixed_precision_onednn_bfloat16 = rewrite.ON
   elif compute_dtype == 'float16' and num_gpus:
-    rewrite.auto_mixed_precision = REWRITE_ON
+    rewrite.auto_mixed_precision = rewrite.ON
   elif compute_dtype == 'float16':
-    rewrite.auto_mixed_precision_cpu = REWRITE_ON
+    rewrite.auto_mixed_precision_cpu = rewrite.ON
     # The GPU's rewrite on CPU ops, in float16 for real: by default this
     # mode emulates float16 with casts around float32 kernels, and that
     # aborted the worker on SyncReplicasOptimizer's graph (std::out_of_range
@@ -109,33 +106,6 @@ def session_config(job_name, task_index, worker_hosts=None, num_gpus=0,
   return config
 
 
-def compute_dtype(mixed_precision, choice, num_gpus):
-  """What a worker computes in: None (float32), 'bfloat16' or 'float16'.
-
-  Args:
-    mixed_precision: --mixed_precision.
-    choice: --mixed_precision_dtype: 'auto' (bfloat16 on a CPU worker,
-      float16 on a GPU worker), 'bfloat16' or 'float16'.
-    num_gpus: --num_gpus.
-
-  Raises:
-    UsageError: for a choice without --mixed_precision, or bfloat16 on a
-      GPU (TensorFlow's rewrite for GPUs computes float16).
-  """
-  if not mixed_precision:
-    if choice != 'auto':
-      raise UsageError('--mixed_precision_dtype=%s needs --mixed_precision: '
-                       'add it, or drop --mixed_precision_dtype' % choice)
-    return None
-  if choice == 'bfloat16' and num_gpus:
-    raise UsageError('--mixed_precision_dtype=bfloat16 is for CPU workers: '
-                     'on a GPU TensorFlow\'s graph rewrite computes float16; '
-                     'drop --mixed_precision_dtype or --num_gpus')
-  if choice == 'auto':
-    return 'float16' if num_gpus else 'bfloat16'
-  return choice
-
-
 def check_devices(num_gpus):
   """Raises UsageError if a worker asks for more GPUs than it sees."""
   visible = len(tf.config.list_physical_devices('GPU')) if num_gpus else 0
@@ -143,85 +113,6 @@ def check_devices(num_gpus):
     raise UsageError('--num_gpus=%d but %d GPU(s) are visible: lower '
                      '--num_gpus or check CUDA_VISIBLE_DEVICES' % (num_gpus,
                                                                    visible))
-
-
-# /proc/cpuinfo's names of the instructions oneDNN runs bfloat16 with.
-BF16_FLAGS = ('avx512_bf16', 'amx_bf16')
-STAY_FLOAT32 = ('variables, gradient accumulation, BatchNorm statistics and '
-                'checkpoints stay float32')
-
-
-def cpu_bf16_flags(cpuinfo='/proc/cpuinfo'):
-  """This CPU's bfloat16 instructions (of BF16_FLAGS); None if unknown."""
-  try:
-    with open(cpuinfo) as f:
-      flags = next((l.split(':', 1)[1].split() for l in f
-                    if l.startswith('flags')), [])
-  except OSError:
-    return None
-  return [f for f in BF16_FLAGS if f in flags]
-
-
-# The compute capability below which TensorFlow's float16 rewrite leaves a
-# GPU's ops alone (kMinGPUArch in auto_mixed_precision.cc; it logs that only
-# at VLOG 1, so a run would say nothing).
-FLOAT16_GPU = (7, 0)
-
-
-def gpu_compute_capability(index):
-  """(major, minor) of GPU index (session_config's visible_device_list
-  numbering); None if unknown."""
-  gpus = tf.config.list_physical_devices('GPU')
-  if index >= len(gpus):
-    return None
-  details = tf.config.experimental.get_device_details(gpus[index])
-  return details.get('compute_capability')
-
-
-def mixed_precision_line(task_index, dtype, num_gpus):
-  """What --mixed_precision turned on in a worker, for it to print: one
-  line; a warning where the hardware has no use for it: a CPU without
-  bfloat16 instructions of its own (slower than float32, tensorflow#42422),
-  a GPU that TensorFlow's float16 rewrite skips."""
-  name = 'Worker %d' % task_index
-  scaling = 'dynamic loss scaling'
-  if dtype == 'float16' and num_gpus:
-    capability = gpu_compute_capability(task_index % num_gpus)
-    if capability and capability < FLOAT16_GPU:
-      return ('%s: warning: --mixed_precision on a GPU of compute capability '
-              '%d.%d: TensorFlow\'s float16 rewrite needs %d.%d or more and '
-              'skips it, so this run computes float32 (with %s); drop the '
-              'flag' % ((name,) + capability + FLOAT16_GPU + (scaling,)))
-    return ('%s: --mixed_precision: float16 compute through TensorFlow\'s '
-            'auto mixed precision on the GPU, with %s; %s' % (
-                name, scaling, STAY_FLOAT32))
-  if dtype == 'float16':
-    return ('%s: --mixed_precision: float16 compute on the CPU (TensorFlow\'s '
-            'GPU rewrite on float16 CPU kernels: float16\'s numerics, no '
-            'faster than float32), with %s; %s' % (name, scaling,
-                                                    STAY_FLOAT32))
-  found = cpu_bf16_flags()
-  if found:
-    return ('%s: --mixed_precision: bfloat16 compute through oneDNN\'s graph '
-            'rewrite (this CPU has %s); %s' % (name, ', '.join(found),
-                                                STAY_FLOAT32))
-  return ('%s: warning: --mixed_precision on a CPU with %s: bfloat16 may run '
-          'slower than float32 here; drop the flag' % (
-              name, 'no AVX512_BF16 or AMX-BF16' if found is not None else
-              'no /proc/cpuinfo to say whether it has AVX512_BF16 or AMX'))
-
-
-def mixed_precision_hint(task_index, num_gpus, cpuinfo='/proc/cpuinfo'):
-  """The one line a CPU worker started without --mixed_precision prints on
-  a CPU with AMX-BF16, where the flag was measured at 1.70x; None anywhere
-  else (a GPU worker; a CPU with AVX512_BF16 alone, 1.23x on a Zen 4, where
-  the flag is worth a try but no hint is given)."""
-  if num_gpus or 'amx_bf16' not in (cpu_bf16_flags(cpuinfo) or ()):
-    return None
-  return ('Worker %d: this CPU has AMX-BF16: --mixed_precision would be '
-          'faster here (bfloat16 compute, 1.70x images/s on a 2-core Xeon '
-          'with AMX in scripts/benchmark.py, the quickstart\'s accuracy '
-          'unchanged; %s)' % (task_index, STAY_FLOAT32))
 
 
 def session_target(task, cluster, config, existing_servers):

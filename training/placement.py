@@ -1,4 +1,6 @@
-"""Where the model's variables live: spread over the ps tasks by size.
+"""Where the model's variables live, spread over the ps tasks by size, and
+where their updates run: the moving averages and BatchNorm statistics on
+the ps that holds them.
 
 replica_device_setter's default strategy deals variables out round-robin in
 creation order, which for this network puts the large conv kernel and
@@ -93,3 +95,69 @@ def describe_loads(variables, num_ps):
   return ['ps %d holds %d variables, %d bytes (%.1f%%)' % (
       task, count, size, 100.0 * size / total)
           for task, (count, size) in enumerate(loads)]
+
+
+class ColocatedAverages:
+  """The weights' moving averages, each updated on the ps that holds it.
+
+  ExponentialMovingAverage.apply builds its updates in the device scope it
+  is called in (the worker, or for SyncReplicasOptimizer the global step's
+  ps), so each update would read the weight and its average from where they
+  live and write the average back. Built once per ps, for the variables it
+  holds, an update reads and writes only what is there; what crosses is
+  the global step, one scalar a ps, for the decay.
+  """
+
+  def __init__(self, averages):
+    self.averages = averages
+
+  def apply(self, var_list):
+    """Returns an op that updates the average of every variable."""
+    by_device = {}
+    for var in var_list:
+      by_device.setdefault(var.device, []).append(var)
+    updates = []
+    for device, variables in by_device.items():
+      with tf1.device(device):
+        updates.append(self.averages.apply(variables))
+    return tf.group(*updates, name='moving_averages')
+
+
+def colocated_statistics_updates(update_ops):
+  """BatchNorm's updates of its moving statistics, built again beside each
+  statistic on its ps; returns (the updates, the batch statistics they take).
+
+  tf-slim builds each update (assign_moving_average: moving -= (moving -
+  batch) * (1 - decay)) where the layer is, so a step would read every
+  moving statistic from its ps and write it back. The same arithmetic built
+  with the statistic needs only the batch's value from the worker. Updates of
+  another shape are kept as they are.
+
+  Args:
+    update_ops: The model's UPDATE_OPS.
+  """
+  variables = {v.handle.op.name: v for v in tf1.global_variables()}
+  updates, batches = [], []
+  for update in update_ops:
+    # An op, or the _UnreadVariable a resource variable's assign_sub gives.
+    op = update if isinstance(update, tf.Operation) else update.op
+    handle, delta = op.inputs if op.type == 'AssignSubVariableOp' else (
+        None, None)
+    if (delta is None or delta.op.type != 'Mul' or
+        delta.op.inputs[0].op.type != 'Sub' or
+        handle.op.name not in variables):
+      updates.append(update)
+      continue
+    difference, decay = delta.op.inputs
+    decay = tf.get_static_value(decay)
+    if decay is None:
+      updates.append(update)
+      continue
+    batch = difference.op.inputs[1]
+    var = variables[handle.op.name]
+    with tf1.colocate_with(var):
+      rate = tf.constant(decay, var.dtype.base_dtype)
+      updates.append(var.assign_sub((var.read_value() - batch) * rate,
+                                    read_value=False))
+    batches.append(batch)
+  return updates, batches

@@ -1,4 +1,5 @@
-"""The session machinery in one process: a cancelled step is recovered."""
+"""training/session.py in one process: a cancelled step is recovered, a
+lost task is said in one line."""
 
 import logging
 import threading
@@ -6,7 +7,7 @@ import threading
 import pytest
 import tensorflow as tf
 
-import training_session
+from training import session
 
 tf1 = tf.compat.v1
 
@@ -40,7 +41,7 @@ def cancel_in(sess, op, secs):
 
 
 @pytest.mark.parametrize('run', ['MonitoredSession.run',
-                                 'training_session.run_step'])
+                                 'session.run_step'])
 def test_a_cancelled_step_is_recovered_like_a_lost_task(run):
   # A real CancelledError from a real step: an enqueue blocked on a full
   # queue that is closed with cancel_pending_enqueues, as a step blocked on
@@ -60,14 +61,14 @@ def test_a_cancelled_step_is_recovered_like_a_lost_task(run):
             sess.run(enqueue)
           assert len(creator.sessions) == 1
           return
-        training_session.run_step(sess, enqueue)
+        session.run_step(sess, enqueue)
       finally:
         timer.join()
       # The broken session was closed, a new one created, and the step ran
       # again in it: its queue holds exactly that step's element.
       assert len(creator.sessions) == 2
       assert creator.sessions[0]._closed  # pylint: disable=protected-access
-      assert training_session.run_step(sess, queue.size()) == 1
+      assert session.run_step(sess, queue.size()) == 1
       assert not sess.should_stop()
 
 
@@ -108,7 +109,7 @@ LOST_TASK_ERRORS = {
 @pytest.mark.parametrize('case', sorted(LOST_TASK_ERRORS))
 def test_a_lost_task_is_reported_by_its_cause(case, capsys):
   error, cause = LOST_TASK_ERRORS[case]
-  report = training_session.ReportLostTask(task_index=1)
+  report = session.ReportLostTask(task_index=1)
   record = logging.LogRecord(
       'tensorflow', logging.INFO, __file__, 0,
       'An error was raised. This may be due to a preemption in a connected '

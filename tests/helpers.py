@@ -1,0 +1,454 @@
+"""What the tests share: the suite's environment, free ports, the processes
+a test starts (most from the fork server, tests/forkserver.py), the flags
+of a cluster, and readers of checkpoints and logs.
+
+pytest's fixtures (tiny_data, procs, flags, and the autouse ones) are in
+conftest.py, built on these. A test file imports from here, never from
+another test file or from conftest.py.
+
+Importing this module sets up the suite's environment, in os.environ, for
+every test and every process a test starts: the variables of
+CALLER_VARIABLES that the caller's shell exported are removed (see
+known_environ), and the checkout and its scripts/ go on sys.path.
+"""
+
+import glob
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, 'scripts'))
+
+import free_ports as scripts_free_ports  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+TRAINER = os.path.join(ROOT, 'train_distributed.py')
+LOCAL_CLUSTER_SCRIPT = os.path.join(ROOT, 'scripts', 'run_local_cluster.sh')
+
+# The suite's environment. What the caller's shell exports must not change
+# a result: a TF_CONFIG would give every task a cluster, TF_CPP_MIN_LOG_LEVEL
+# what TensorFlow prints (and the fork server's TensorFlow a level the tasks
+# did not ask for), CUDA_VISIBLE_DEVICES the devices a task sees; the others
+# TensorFlow's logs, kernels or Keras. A test that needs one sets it itself
+# (procs.start's env, monkeypatch).
+CALLER_VARIABLES = (
+    'TF_CONFIG', 'CUDA_VISIBLE_DEVICES', 'TF_CPP_MIN_LOG_LEVEL',
+    'TF_CPP_MAX_VLOG_LEVEL', 'TF_CPP_MIN_VLOG_LEVEL', 'TF_CPP_VMODULE',
+    'TF_ENABLE_ONEDNN_OPTS', 'TF_USE_LEGACY_KERAS', 'TF_XLA_FLAGS',
+    'XLA_FLAGS')
+
+
+def known_environ(environ):
+  """The environment the suite runs in, from the caller's: without
+  CALLER_VARIABLES, as in a shell that exports none of them."""
+  return {k: v for k, v in environ.items() if k not in CALLER_VARIABLES}
+
+
+# What the caller exported and the suite dropped (pytest's header says it).
+DROPPED_FROM_CALLER = {k: os.environ.pop(k) for k in CALLER_VARIABLES
+                       if k in os.environ}
+
+# TESTS_FORKSERVER=0: every task starts Python afresh (see forkserver.py).
+USE_FORKSERVER = os.environ.get('TESTS_FORKSERVER', '1') != '0'
+# What a forked task may be given in its environment beyond the suite's: the
+# variables TensorFlow reads as it loads (TF_CPP_MIN_LOG_LEVEL and the like)
+# it read once, in the server, so a task that needs them starts afresh.
+FORKED_ENV = {'TF_CONFIG'}
+
+
+# Every task of a cluster spec (JSON in argv[1]) as a gRPC server, all in
+# one process of their own, for tests that build a worker's graph in the
+# test itself: start it with procs.start (it is killed by PID at the end:
+# TensorFlow cannot stop a server it started) and wait for "serving".
+SERVERS = """
+import json, sys
+import tensorflow as tf
+spec = tf.train.ClusterSpec(json.loads(sys.argv[1]))
+servers = [tf.distribute.Server(spec, job, task) for job in spec.jobs
+           for task in spec.task_indices(job)]
+print('serving', flush=True)
+servers[0].join()
+"""
+
+
+def free_ports(n):
+  """Returns n distinct TCP ports, free now, that no other connection takes
+  before the tasks bind them (see scripts/free_ports.py)."""
+  return scripts_free_ports.free_ports(n)
+
+
+def suite_env(env=None):
+  """The environment of a task: the suite's, unbuffered, no TF_CONFIG."""
+  full_env = dict(os.environ, PYTHONUNBUFFERED='1')
+  full_env.pop('TF_CONFIG', None)  # A cluster comes only from the test.
+  full_env.update(env or {})
+  return full_env
+
+
+# The fork server's, taken before any test could change os.environ: what
+# its TensorFlow read as it loaded.
+SERVER_ENV = suite_env()
+# And what TensorFlow itself puts in the environment as it loads
+# (TF2_BEHAVIOR and others), as it does in every task.
+_BEFORE_TENSORFLOW = dict(os.environ)
+import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
+SET_BY_TENSORFLOW = {k for k in os.environ
+                     if os.environ[k] != _BEFORE_TENSORFLOW.get(k)}
+
+
+class ForkedProcess:
+  """A task the fork server started: the part of subprocess.Popen's
+  interface the tests use. The server, its parent, writes its exit status;
+  signals go through a pidfd, which names this process and never another
+  that got its PID once it was reaped."""
+
+  def __init__(self, pid, status_path, server):
+    self.pid = pid
+    self.returncode = None
+    self._status_path = status_path
+    self._server = server
+    try:
+      self._pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:  # Gone and reaped already: its status says.
+      self._pidfd = None
+
+  def poll(self):
+    if self.returncode is None and os.path.exists(self._status_path):
+      with open(self._status_path) as f:
+        self.returncode = int(f.read())
+      if self._pidfd is not None:
+        os.close(self._pidfd)
+        self._pidfd = None
+    if self.returncode is None and self._server.poll() is not None:
+      raise RuntimeError('the fork server died: PID %d\'s status is lost; '
+                         'see %s' % (self.pid, self._status_path))
+    return self.returncode
+
+  def wait(self, timeout=None):
+    deadline = None if timeout is None else time.time() + timeout
+    while self.poll() is None:
+      if deadline is not None and time.time() > deadline:
+        raise subprocess.TimeoutExpired('PID %d' % self.pid, timeout)
+      time.sleep(0.02)
+    return self.returncode
+
+  def send_signal(self, signum):
+    if self.poll() is None and self._pidfd is not None:
+      try:
+        signal.pidfd_send_signal(self._pidfd, signum)
+      except ProcessLookupError:
+        pass  # Ended: its status is on its way.
+
+  def terminate(self):
+    self.send_signal(signal.SIGTERM)
+
+  def kill(self):
+    self.send_signal(signal.SIGKILL)
+
+
+class ForkServer:
+  """The one fork server of this test session, started at its first use."""
+
+  def __init__(self):
+    self.proc = None
+    self.dir = None
+
+  def start(self):
+    self.dir = tempfile.mkdtemp(prefix='forkserver-')
+    with open(os.path.join(self.dir, 'server.log'), 'w') as log:
+      self.proc = subprocess.Popen(
+          [sys.executable, os.path.join(ROOT, 'tests', 'forkserver.py'),
+           self.dir], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+          stderr=log, env=SERVER_ENV, cwd=ROOT)
+    ready = select.select([self.proc.stdout], [], [], 180)[0]
+    if not ready or self.proc.stdout.readline() != b'ready\n':
+      self.proc.kill()
+      with open(os.path.join(self.dir, 'server.log')) as log:
+        raise RuntimeError('the fork server did not start (or run with '
+                           'TESTS_FORKSERVER=0):\n' + log.read())
+
+  def fork(self, argv, env, log_path, netns=None, fault=None):
+    """Starts `python argv` in ROOT, its environment env, its output (stdout
+    and stderr) appended to log_path, in the network namespace netns (a
+    name) if given, after running the Python source fault if given; returns
+    its ForkedProcess."""
+    if self.proc is None:
+      self.start()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+      conn.settimeout(60)
+      conn.connect(os.path.join(self.dir, 'socket'))
+      with conn.makefile('rw') as stream:
+        stream.write(json.dumps({'argv': argv, 'env': env, 'cwd': ROOT,
+                                 'log': log_path, 'netns': netns,
+                                 'fault': fault}) + '\n')
+        stream.flush()
+        pid, number = (int(n) for n in stream.readline().split())
+    return ForkedProcess(pid, os.path.join(self.dir, '%d.status' % number),
+                         self.proc)
+
+  def stop(self):
+    if self.proc is not None:
+      self.proc.kill()
+      self.proc.wait()
+      shutil.rmtree(self.dir, ignore_errors=True)
+      self.proc = None
+
+
+FORK_SERVER = ForkServer()
+
+
+def forkable(args, full_env, prefix):
+  """Whether the fork server may start `prefix... python args...`: the
+  trainer, in the server's environment (but for FORKED_ENV), directly or
+  under `ip netns exec NAME` (which the server does itself)."""
+
+  def loaded(env):  # (pytest names the running test in the environment.)
+    return {k: v for k, v in env.items()
+            if k not in FORKED_ENV | SET_BY_TENSORFLOW and
+            not k.startswith('PYTEST_')}
+
+  return (USE_FORKSERVER and args and args[0] == TRAINER and
+          loaded(full_env) == loaded(SERVER_ENV) and
+          (not prefix or (len(prefix) == 4 and
+                          list(prefix[:3]) == ['ip', 'netns', 'exec'])))
+
+
+class Processes:
+  """Starts processes with logs in a folder; kills exactly those, by PID."""
+
+  def __init__(self, log_dir):
+    self.log_dir = log_dir
+    self.procs = {}
+
+  def start(self, name, args, env=None, prefix=(), fault=None):
+    """Starts `prefix... python args...` with output to LOG_DIR/name.log.
+
+    A prefix must exec Python in its own process (as `ip netns exec` does),
+    so that the PID is Python's. A fault (Python source run in the task
+    before the trainer, see tests/forkserver.py) needs the fork server:
+    without it the test is skipped.
+    """
+    log_path = os.path.join(self.log_dir, name + '.log')
+    full_env = suite_env(env)
+    if forkable(args, full_env, prefix):
+      open(log_path, 'w').close()
+      proc = FORK_SERVER.fork(list(args), full_env, log_path,
+                              netns=prefix[3] if prefix else None,
+                              fault=fault)
+    elif fault:
+      pytest.skip('a fault is injected through the fork server, which '
+                  'cannot start this task (TESTS_FORKSERVER=0?)')
+    else:
+      with open(log_path, 'w') as log:
+        proc = subprocess.Popen(list(prefix) + [sys.executable] + list(args),
+                                stdout=log, stderr=subprocess.STDOUT,
+                                env=full_env, cwd=ROOT)
+    self.procs[name] = proc
+    return proc
+
+  def trainer(self, name, *flags, env=None, prefix=(), fault=None):
+    """Starts train_distributed.py with the given flags."""
+    return self.start(name, [TRAINER] + list(flags), env=env, prefix=prefix,
+                      fault=fault)
+
+  def log(self, name):
+    with open(os.path.join(self.log_dir, name + '.log')) as f:
+      return f.read()
+
+  def wait_all(self, timeout):
+    """Waits for every process; returns {name: exit code}.
+
+    Fails the test, with each log's tail, if one is still running after
+    `timeout` seconds (counted from this call).
+    """
+    deadline = time.time() + timeout
+    codes = {}
+    for name, proc in self.procs.items():
+      try:
+        codes[name] = proc.wait(max(0.1, deadline - time.time()))
+      except subprocess.TimeoutExpired:
+        pytest.fail('%s still running after %d s; logs:\n%s' %
+                    (name, timeout, self.tails()))
+    return codes
+
+  def wait_for_line(self, name, text, timeout):
+    """Waits until `text` appears in the log of `name`."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+      if text in self.log(name):
+        return
+      if self.procs[name].poll() is not None:
+        break
+      time.sleep(0.2)
+    pytest.fail('%r never appeared in %s; logs:\n%s' % (text, name,
+                                                         self.tails()))
+
+  def tails(self, lines=15):
+    return '\n'.join('--- %s\n%s' % (n, '\n'.join(
+        self.log(n).splitlines()[-lines:])) for n in self.procs)
+
+  def kill_all(self):
+    for proc in self.procs.values():
+      if proc.poll() is None:
+        proc.kill()  # By PID, or the fork server's by pidfd.
+        proc.wait(60)
+
+
+def wait_until(predicate, timeout, what, procs):
+  """Waits until predicate() is true; fails the test, with the logs' tails,
+  if it is not within timeout seconds (a bound against a hang, not a
+  measure of speed)."""
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if predicate():
+      return
+    time.sleep(0.2)
+  pytest.fail('%s did not happen within %d s; logs:\n%s' % (what, timeout,
+                                                            procs.tails()))
+
+
+def kill9(procs, name):
+  """Kills the task `name` with SIGKILL and reaps it."""
+  procs.procs[name].kill()
+  procs.procs[name].wait()
+
+
+# Flags and tasks of a run.
+
+# Fast settings for a 2-core machine.
+FAST = ['--batch_size=16', '--num_preprocess_threads=2', '--log_frequency=5']
+
+
+def cluster_flags(data_dir, train_dir, num_workers=2, num_ps=1):
+  """The flags of a cluster on free localhost ports, with FAST settings."""
+  ports = free_ports(num_ps + num_workers)
+  hosts = ['localhost:%d' % p for p in ports]
+  return ['--ps_hosts=' + ','.join(hosts[:num_ps]),
+          '--worker_hosts=' + ','.join(hosts[num_ps:]),
+          '--data_dir=' + data_dir, '--train_dir=' + train_dir] + FAST
+
+
+def single_process_flags(data_dir, train_dir):
+  """The flags of a one-process run (no cluster), with FAST settings."""
+  return ['--ps_hosts=', '--data_dir=' + data_dir,
+          '--train_dir=' + train_dir] + FAST
+
+
+def start_cluster(procs, flags, num_workers=2, num_ps=1, suffix='',
+                  tf_config=False):
+  """Starts the ps tasks, then the workers from the last to the chief.
+
+  The reference's order (ps, worker 1, worker 0). Process names are ps0..,
+  worker0.., each with `suffix` appended. With tf_config, each task gets its
+  cluster and role from TF_CONFIG as Kubeflow writes it (a "chief" job, the
+  other workers indexed from 0) instead of the four cluster flags.
+  """
+  tasks = [('ps', i) for i in range(num_ps)] + [
+      ('worker', i) for i in reversed(range(num_workers))]
+  for job, i in tasks:
+    name = '%s%d%s' % (job, i, suffix)
+    if not tf_config:
+      procs.trainer(name, '--job_name=' + job, '--task_index=%d' % i, *flags)
+      continue
+    hosts = {f.split('=')[0]: f.split('=')[1].split(',') for f in flags[:2]}
+    workers = hosts['--worker_hosts']
+    cluster = {'ps': hosts['--ps_hosts'], 'chief': workers[:1],
+               'worker': workers[1:]}
+    task = ({'type': 'chief', 'index': 0} if job == 'worker' and i == 0 else
+            {'type': job, 'index': i - (job == 'worker')})
+    procs.trainer(name, *flags[2:], env={'TF_CONFIG': json.dumps(
+        {'cluster': cluster, 'task': task})})
+
+
+# Checkpoints.
+
+MAX_TO_KEEP = 5  # tf1.train.Saver's default, which the chief's saver has.
+
+
+def checkpoint_steps(train_dir):
+  """Returns (step in the latest checkpoint's name, global_step inside it)."""
+  latest = tf.train.latest_checkpoint(train_dir)
+  assert latest, 'no checkpoint in %s' % train_dir
+  return (int(latest.rsplit('-', 1)[1]),
+          int(tf.train.load_variable(latest, 'global_step')))
+
+
+def latest_step(train_dir):
+  """The step in the latest checkpoint's name; -1 when there is none."""
+  latest = tf.train.latest_checkpoint(train_dir)
+  return int(latest.rsplit('-', 1)[1]) if latest else -1
+
+
+def checkpoint_step(train_dir):
+  """The latest checkpoint's step, checking that its name agrees."""
+  name_step, step = checkpoint_steps(train_dir)
+  assert name_step == step
+  return step
+
+
+def shard_counts(train_dir, step):
+  """Returns the set of N in the step's model.ckpt-STEP.data-*-of-N files."""
+  pattern = re.compile(r'^model\.ckpt-%d\.data-\d{5}-of-(\d{5})$' % step)
+  return {int(m.group(1)) for m in map(pattern.match, os.listdir(train_dir))
+          if m}
+
+
+def checkpoint_files(train_dir):
+  """The steps of the model.ckpt-N checkpoints on disk, in order."""
+  return sorted(int(re.search(r'-(\d+)\.index$', p).group(1)) for p in
+                glob.glob(os.path.join(train_dir, 'model.ckpt-*.index')))
+
+
+def listed(train_dir):
+  """The steps the `checkpoint` file lists, in its order."""
+  state = tf.train.get_checkpoint_state(train_dir)
+  return [int(p.rsplit('-', 1)[1]) for p in state.all_model_checkpoint_paths]
+
+
+# Logs.
+
+# A worker's progress line; group 1 is the global step.
+PROGRESS = re.compile(
+    r'^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}: step (\d+), loss = \d+\.\d\d '
+    r',Train accuracy = \d\.\d\d \(\d+\.\d examples/sec; \d+\.\d{3} '
+    r'sec/batch; (?:\d+:\d\d:\d\d|\?) left\)$', re.M)
+
+
+def steps(procs, name):
+  """The global steps of the progress lines of task `name`, in order."""
+  return [int(s) for s in PROGRESS.findall(procs.log(name))]
+
+
+def last_step(procs, name):
+  """The global step of the last progress line of task `name`; -1: none."""
+  found = steps(procs, name)
+  return found[-1] if found else -1
+
+
+# Every line a healthy task prints: the suite's own, nothing of
+# TensorFlow's (see training/log_filter.py).
+OWN_LINE = re.compile(
+    r'(job_name : \w+|task_index : \d+|(ps|Worker) \d+: .+|Evaluator: .+|'
+    r'Cluster from TF_CONFIG: .+|Given on the command line, over TF_CONFIG: .+|'
+    r'\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}: step \d+, loss = .+)')
+
+
+def assert_clean_logs(procs, expected=()):
+  """Each task of a healthy run printed only the suite's own lines (and
+  the expected ones, an Error line say)."""
+  for name in procs.procs:
+    log = procs.log(name)
+    strange = [l for l in log.splitlines()
+               if l not in expected and not OWN_LINE.fullmatch(l)]
+    assert not strange, '%s printed lines not ours:\n%s' % (name, log)

@@ -1,0 +1,145 @@
+"""The training graph of a worker, in the article's order: devices, model,
+loss, learning rate, SyncReplicasOptimizer, moving averages, scaffold.
+
+The reference's graph with its bugs fixed: the weight decay is in the loss,
+BatchNorm's moving statistics are updated once per global step (not summed
+from every worker), and the step a run reached is read after its update.
+train_distributed.py builds the input between devices() and build().
+"""
+
+import collections
+
+import tensorflow as tf
+
+import cifar10_model
+from training import learning_rate
+from training import placement
+from training import precision
+from training import transfers
+
+tf1 = tf.compat.v1
+
+DROPOUT_KEEP_PROB = 0.8  # The reference's.
+
+# The tensors and ops a worker's session loop and hooks need.
+TrainingGraph = collections.namedtuple(
+    'TrainingGraph',
+    'global_step loss accuracy step_after sync_opt loss_scaling '
+    'learning_rate schedule')
+
+
+def devices(*, cluster, task_index, num_gpus):
+  """Returns (input device, variable device function or name).
+
+  The input pipeline runs on this worker's CPU, the model on its GPU (with
+  num_gpus > 0) or CPU, the variables on the ps tasks through
+  replica_device_setter (or, with no cluster, beside the model).
+  """
+  compute = '/device:GPU:0' if num_gpus else '/cpu:0'
+  if cluster is None:
+    return '/cpu:0', compute
+  worker = '/job:worker/task:%d' % task_index
+  return (worker + '/cpu:0',
+          placement.device_setter(cluster, worker + compute))
+
+
+def build(*, images, labels, num_ps, is_chief, schedule, sync=None,
+          num_classes=cifar10_model.NUM_CLASSES, loss_scale=None,
+          loss_scale_period=precision.LossScaled.INCREMENT_PERIOD,
+          pack_transfers=False, transfer_dtype=tf.float32):
+  """Builds the model, loss and train op in the current device scope.
+
+  Args:
+    images, labels: A training batch.
+    num_ps: The ps tasks the variables are spread over (0: none).
+    is_chief: Whether this is worker 0.
+    schedule: The learning rate's learning_rate.Schedule.
+    sync: (replicas_to_aggregate, total workers) for SyncReplicasOptimizer,
+      or None.
+    num_classes: The logits' size: the data's classes.
+    loss_scale, loss_scale_period: float16's initial loss scale (None for
+      none), and the good steps in a row that double it.
+    pack_transfers, transfer_dtype: Whether to pack what a step sends
+      between the tasks (transfers.pack; in a cluster), and as what.
+
+  Returns:
+    A TrainingGraph. Running step_after runs one training step.
+  """
+  global_step = tf1.train.get_or_create_global_step()
+  with tf1.variable_scope('', partitioner=placement.partitioner(num_ps)):
+    logits = cifar10_model.inference(images, is_training=True,
+                                     dropout_keep_prob=DROPOUT_KEEP_PROB,
+                                     num_class=num_classes)
+  loss = cifar10_model.loss(logits, labels)
+  accuracy = tf.reduce_mean(tf.cast(
+      tf1.nn.in_top_k(logits, labels, 1), tf.float32), name='batch_accuracy')
+  lr = learning_rate.rate(schedule, global_step)
+  opt, averages, scaled = optimizer(
+      lr=lr, global_step=global_step, sync=sync, loss_scale=loss_scale,
+      loss_scale_period=loss_scale_period)
+  grads_and_vars = opt.compute_gradients(loss)
+  update = opt.apply_gradients(grads_and_vars, global_step=global_step)
+  if not sync:
+    with tf.control_dependencies([update]):
+      update = averages.apply(tf1.trainable_variables())
+  # BatchNorm's statistics once per global step: from every step of an
+  # asynchronous worker, from the synchronous chief's only.
+  statistics, batches = placement.colocated_statistics_updates(
+      [] if sync and not is_chief else
+      tf1.get_collection(tf1.GraphKeys.UPDATE_OPS))
+  train_op = tf.group(update, *statistics, name='train_op')
+  with tf.control_dependencies([train_op]):  # The step it reached: after.
+    step_after = global_step.read_value()
+  if scaled:  # For the chief's line on skipped steps.
+    scaled.after = scaled.reads_after(train_op)
+  if pack_transfers:
+    transfers.pack(fetches=[step_after, loss, accuracy],
+                   gradients=[g for g, _ in grads_and_vars if g is not None],
+                   statistics=batches, transfer_dtype=transfer_dtype,
+                   sync=bool(sync))
+  tf1.summary.scalar('loss', loss)
+  # Not the op's name: a summary named like an op gets a suffix (accuracy_1).
+  tf1.summary.scalar('accuracy', accuracy)
+  tf1.summary.scalar('learning_rate', lr)
+  return TrainingGraph(global_step, loss, accuracy, step_after,
+                       opt if sync else None, scaled, lr, schedule)
+
+
+def optimizer(*, lr, global_step, sync, loss_scale, loss_scale_period):
+  """SGD at lr, and the weights' moving averages; with sync, wrapped in
+  SyncReplicasOptimizer, whose chief applies the aggregated gradients and
+  then updates the averages, once per global step.
+
+  Returns:
+    (the optimizer, the averages, the LossScaled or None).
+  """
+  opt = tf1.train.GradientDescentOptimizer(lr)
+  scaled = None
+  if loss_scale:
+    opt = scaled = precision.LossScaled(opt, loss_scale, loss_scale_period)
+    tf1.summary.scalar('loss_scale', scaled.scale.read_value())
+  averages = placement.ColocatedAverages(
+      cifar10_model.moving_averages(global_step))
+  if sync:
+    opt = tf1.train.SyncReplicasOptimizer(
+        opt, replicas_to_aggregate=sync[0], total_num_replicas=sync[1],
+        variable_averages=averages,
+        variables_to_average=tf1.trainable_variables(),
+        name='cifar10_sync_replicas')
+  return opt, averages, scaled
+
+
+def scaffold(graph):
+  """The Scaffold a worker's session is made from.
+
+  With SyncReplicasOptimizer, its own readiness check (every global
+  variable exists) before the local init; with float16, the loss scaling's
+  initializer (LossScaled.local_init_op) after the default local init.
+  """
+  local_init = tf1.train.Scaffold.default_local_init_op()
+  if graph.loss_scaling:
+    local_init = tf.group(local_init, graph.loss_scaling.local_init_op())
+  return tf1.train.Scaffold(
+      ready_for_local_init_op=(graph.sync_opt.ready_for_local_init_op
+                               if graph.sync_opt else None),
+      local_init_op=local_init)

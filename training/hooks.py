@@ -1,0 +1,404 @@
+"""The worker's session hooks: what MonitoredSession runs around its steps.
+
+SyncReplicasHook starts and stops the chief's sync thread cleanly;
+CheckpointSaverHook saves, and says in one line why a save failed;
+SkippedStepsHook, LearningRateLineHook and TraceStepsHook say what the loss
+scale, the learning rate and a traced step did; StopOnSignalHook makes
+SIGINT/SIGTERM checkpoint and exit. The hooks that watch who of the cluster
+is there are in presence.py. TimeLeft, not a hook, estimates the time to
+--max_steps for the progress line.
+"""
+
+import collections
+import os
+import re
+import signal
+import sys
+import threading
+import time
+
+import tensorflow as tf
+
+from training import checkpoints
+from training import cluster_runtime
+from training import learning_rate
+from training import session as session_lib
+from training import transfers
+
+tf1 = tf.compat.v1
+
+
+class SyncReplicasHook(tf1.train.SessionRunHook):
+  """SyncReplicasOptimizer.make_session_run_hook(), with a clean end.
+
+  Runs the local init op and, on the chief, fills the token queue and runs
+  the sync op in a thread. The stock hook has the coordinator join that
+  thread, which at the end blocks in take_grad for gradients no worker
+  sends: close() waits its grace period, then the thread raises. Here the
+  thread ends with the session, and counts that and a lost ps (the training
+  loop recovers) as normal; any other error goes to the coordinator.
+  """
+
+  def __init__(self, opt, is_chief):
+    self._is_chief = is_chief
+    if is_chief:
+      self._local_init_op = opt.chief_init_op
+      self._init_tokens_op = opt.get_init_tokens_op()
+      self._sync_op = opt.get_chief_queue_runner().enqueue_ops[0]
+    else:
+      self._local_init_op = opt.local_step_init_op
+
+  def after_create_session(self, session, coord):
+    session.run(self._local_init_op)
+    if self._is_chief:
+      session.run(self._init_tokens_op)
+      threading.Thread(target=self._run_sync_op, args=(session, coord),
+                       daemon=True, name='sync_replicas').start()
+
+  def _run_sync_op(self, session, coord):
+    try:
+      while not coord.should_stop():
+        session.run(self._sync_op)
+    except (tf.errors.CancelledError, tf.errors.OutOfRangeError, RuntimeError):
+      pass  # The session or the token queue was closed: training is over.
+    except (tf.errors.UnavailableError, tf.errors.AbortedError):
+      # A ps went away. The training loop's own step fails the same way and
+      # MonitoredSession recovers; reported to the coordinator, this error
+      # would be raised again when the broken session closes, and kill us.
+      pass
+    except Exception as e:  # pylint: disable=broad-except
+      coord.request_stop(e)
+
+
+class CheckpointSaverHook(tf1.train.SessionRunHook):
+  """The chief's checkpoints: model.ckpt-N at session creation, every
+  save_steps global steps and at the end, with graph.pbtxt at creation.
+
+  A failed save raises checkpoints.WriteError, its temporary files removed,
+  instead of a TensorFlow error in two chained tracebacks. A save lost with
+  a ps is a lost task, from which MonitoredSession recovers; at the end it
+  cannot, so the chief names the ps and exits 3 at once: closing the session
+  would wait for that ps forever, and the ps tasks still there are not told
+  the run is done (it is not): they wait for the restarted chief.
+  """
+
+  def __init__(self, train_dir, save_steps, scaffold, ps_hosts):
+    """Args: scaffold: whose saver writes (it has one once the session is
+    made); ps_hosts: named when one is lost."""
+    self._train_dir = train_dir
+    self._save_steps = save_steps
+    self._scaffold = scaffold
+    self._ps_hosts = ps_hosts
+    self._global_step = self._writer = self._last_saved = None
+    self._ending = False
+
+  def begin(self):
+    self._global_step = tf1.train.get_global_step()
+    self._writer = tf1.summary.FileWriterCache.get(self._train_dir)
+
+  def after_create_session(self, session, coord):
+    try:
+      step = session.run(self._global_step)
+      graph = tf1.get_default_graph()
+      tf1.train.write_graph(graph.as_graph_def(add_shapes=True),
+                            self._train_dir, 'graph.pbtxt')
+      self._writer.add_graph(graph)
+      self._writer.add_meta_graph(self._scaffold.saver.export_meta_graph())
+      self._save(session, step)
+      self._last_saved = step
+    except cluster_runtime.LOST_TASK_ERRORS:
+      raise  # MonitoredSession creates the session again once it is back.
+    except tf.errors.OpError as e:
+      raise checkpoints.write_failure(
+          self._train_dir, session.run(self._global_step), e) from e
+
+  def after_run(self, run_context, run_values):
+    # Read after the step: in a cluster others move the global step too.
+    step = run_context.session.run(self._global_step)
+    if step >= self._last_saved + self._save_steps:
+      self._last_saved = step
+      self._save(run_context.session, step)
+
+  def end(self, session):
+    self._ending = True
+    try:
+      step = session.run(self._global_step)
+      if step != self._last_saved:
+        self._save(session, step)
+      return
+    except cluster_runtime.LOST_TASK_ERRORS as e:  # Before the save.
+      error = checkpoints.write_failure(
+          self._train_dir, None, e, cluster_runtime.lost_ps(self._ps_hosts) or
+          checkpoints.first_line(e))
+    except checkpoints.LostPsError as e:  # The save's.
+      error = e
+    print('Error: %s' % error, file=sys.stderr, flush=True)
+    session_lib.exit_now(3)
+
+  def _save(self, session, step):
+    """Writes the checkpoint named after the step it holds (see
+    checkpoints.save), logs it for TensorBoard, deletes the oldest."""
+    saver = self._scaffold.saver
+    try:
+      checkpoints.save(saver, session, self._train_dir, step)
+    except cluster_runtime.LOST_TASK_ERRORS as e:
+      if not self._ending:
+        raise  # A lost ps: MonitoredSession waits for it and recovers.
+      raise checkpoints.write_failure(
+          self._train_dir, step, e, cluster_runtime.lost_ps(self._ps_hosts) or
+          checkpoints.first_line(e)) from e
+    except tf.errors.OpError as e:
+      raise checkpoints.write_failure(self._train_dir, step, e) from e
+    self._writer.add_session_log(tf1.SessionLog(
+        status=tf1.SessionLog.CHECKPOINT,
+        checkpoint_path=os.path.join(self._train_dir, 'model.ckpt')), step)
+    checkpoints.keep_newest(saver, self._train_dir)
+
+
+class SkippedStepsHook(tf1.train.SessionRunHook):
+  """The chief's line when float16's loss scaling skipped more steps.
+
+  An overflowed step leaves the weights as they were (precision.LossScaled):
+  a few while the scale finds its level are expected; many say the model's
+  numbers do not fit float16. Said after a step only when the count grew.
+  """
+
+  def __init__(self, reads):
+    """Args: reads: [skipped steps, scale], read after the train op
+    (LossScaled.reads_after)."""
+    self.reads = reads
+    self.said = 0
+
+  def before_run(self, run_context):
+    return tf1.train.SessionRunArgs(self.reads)
+
+  def after_run(self, run_context, run_values):
+    skipped, scale = run_values.results
+    if skipped > self.said:
+      self.said = skipped
+      session_lib.say_as_chief(
+          '%d steps so far had float16 gradients that overflowed; they left '
+          'the weights as they were, and the loss scale is now %g' % (
+              skipped, scale))
+
+
+class LearningRateLineHook(tf1.train.SessionRunHook):
+  """The chief's line about its learning rate: the schedule, and the rate
+  at the global step it starts (or resumes, or recovers) from."""
+
+  def __init__(self, graph):
+    """Args: graph: The TrainingGraph."""
+    self.graph = graph
+    self.reads = None
+
+  def begin(self):
+    # The rate of the step read, from that one read: the other workers may
+    # move the global step between two.
+    step = self.graph.global_step.read_value()
+    self.reads = [step, learning_rate.rate(self.graph.schedule, step)]
+
+  def after_create_session(self, session, coord):
+    step, rate = session.run(self.reads)
+    print('Worker 0: learning rate: %s; %.4g at global step %d' % (
+        learning_rate.describe(self.graph.schedule), rate, step), flush=True)
+
+
+class TraceStepsHook(tf1.train.SessionRunHook):
+  """Writes a Chrome trace of some of this worker's own steps into train_dir.
+
+  FULL_TRACE: every op of the step on every device it touched, the ps tasks'
+  reads and applies and the transfers included. TensorFlow's ProfilerHook
+  traces global steps; this the worker's own, one file each per worker.
+  """
+
+  def __init__(self, steps, train_dir, task_index):
+    """Args: steps: local step numbers, from 1; task_index: this worker's."""
+    self._steps = set(steps)
+    self._train_dir = train_dir
+    self._task_index = task_index
+    self._local_step = 0
+
+  def before_run(self, run_context):
+    self._local_step += 1
+    if self._local_step in self._steps:
+      return tf1.train.SessionRunArgs(None, options=tf1.RunOptions(
+          trace_level=tf1.RunOptions.FULL_TRACE))
+    return None
+
+  def after_run(self, run_context, run_values):
+    if self._local_step not in self._steps:
+      return
+    stats = run_values.run_metadata.step_stats
+    path = os.path.join(self._train_dir, 'trace_worker%d_step%d.json' % (
+        self._task_index, self._local_step))
+    with open(path, 'w') as f:
+      f.write(transfers.chrome_trace(stats))
+    pulled, pushed = transfer_bytes(
+        stats, '/job:worker/replica:0/task:%d/' % self._task_index)
+    print('Worker %d: wrote the trace of its step %d to %s; the step pulled '
+          '%d bytes from the ps tasks and pushed %d' % (
+              self._task_index, self._local_step, path, pulled, pushed),
+          flush=True)
+
+
+# The label of a transfer in a step's stats: `[18432B] [248.2Mb/s]
+# edge_77_Cast_4 from /job:ps/replica:0/task:0/device:CPU:0 to /job:...`
+# (its size rounded, `[0.3MB]`, for large ones: the exact size is the
+# RecvTensor's output allocation).
+TRANSFER = re.compile(r'^\[[\d.]+[KMG]?B\] .* from (\S+) to (\S+)$')
+
+
+def transfer_bytes(step_stats, worker):
+  """(bytes from the ps tasks to worker, bytes from worker to them) in a
+  traced step, from its RecvTensor records (the ps side's only when a ps
+  sent its stats back in time)."""
+  pulled = pushed = 0
+  for device in step_stats.dev_stats:
+    for node in device.node_stats:
+      match = TRANSFER.match(node.timeline_label)
+      if node.node_name != 'RecvTensor' or not match:
+        continue
+      size = sum(o.tensor_description.allocation_description.requested_bytes
+                 for o in node.output)
+      source, dest = match.groups()
+      if source.startswith('/job:ps/') and dest.startswith(worker):
+        pulled += size
+      elif source.startswith(worker) and dest.startswith('/job:ps/'):
+        pushed += size
+  return pulled, pushed
+
+
+class StopOnSignalHook(tf1.train.SessionRunHook):
+  """SIGINT or SIGTERM: the chief writes a checkpoint; the task exits now.
+
+  A worker can sit in session.run for as long as another worker is down,
+  and Python runs a signal handler only between bytecodes; the C handler
+  still writes the signal to the wakeup fd, which a thread reads, saves
+  and exits while the main thread stays blocked. A single process first
+  lets its step in flight end (this is the last hook, so the others' saves
+  are done too): the checkpoint is exactly the step it is named after. A
+  second signal exits at once, without waiting for the save.
+  """
+
+  # How long a single process waits for its step in flight before it saves
+  # anyway: a step that raised never reports its end.
+  STEP_WAIT_SECS = 30
+
+  def __init__(self, name, scaffold=None, train_dir=None, global_step=None,
+               wait_for_step=False, ps_hosts=()):
+    """Starts watching for the signals.
+
+    Args:
+      name: This task, for the message: 'Worker 0', 'Evaluator'.
+      scaffold: The chief's Scaffold, whose saver writes the checkpoint;
+        None on other workers, which only exit.
+      train_dir: Where the checkpoint goes.
+      global_step: The global step tensor, which names the checkpoint.
+      wait_for_step: Whether to let the step in flight finish first; only
+        where nothing else changes the variables (a single process).
+      ps_hosts: The ps tasks that write the checkpoint's shards, named when
+        one is lost.
+    """
+    self._name = name
+    self._scaffold, self._train_dir = scaffold, train_dir
+    self._global_step = global_step
+    self._ps_hosts = ps_hosts
+    self._wait_for_step = wait_for_step
+    # Guards the two below: whether a step is running, whether to stop.
+    self._step_state = threading.Condition()
+    self._in_step = self._stopping = False
+    self._session = None
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.set_wakeup_fd(write_fd)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+      signal.signal(signum, lambda *_: None)  # The wakeup fd carries it.
+    threading.Thread(target=self._watch, args=(read_fd,), daemon=True,
+                     name='stop_on_signal').start()
+
+  def after_create_session(self, session, coord):
+    self._session = session
+
+  def before_run(self, run_context):
+    if not self._wait_for_step:
+      return  # In a cluster the steps are not held up: no lock per step.
+    with self._step_state:
+      # Once a signal came, the main thread waits here for the exit.
+      self._step_state.wait_for(lambda: not self._stopping)
+      self._in_step = True
+
+  def after_run(self, run_context, run_values):
+    if not self._wait_for_step:
+      return
+    with self._step_state:
+      self._in_step = False
+      self._step_state.notify_all()
+
+  def _watch(self, read_fd):
+    signum = os.read(read_fd, 1)[0]
+    threading.Thread(target=self._exit_now, args=(read_fd,), daemon=True,
+                     name='second_signal').start()
+    message = '%s: %s' % (self._name, signal.Signals(signum).name)
+    if self._scaffold is not None and self._session is not None:
+      if self._wait_for_step:
+        with self._step_state:
+          self._stopping = True
+          self._step_state.wait_for(lambda: not self._in_step,
+                                    timeout=self.STEP_WAIT_SECS)
+      message += ': ' + self._save()
+    print(message + '; exiting', file=sys.stderr, flush=True)
+    self._exit(signum)
+
+  def _save(self):
+    """Writes the checkpoint; returns what happened, for the message."""
+    try:
+      path = checkpoints.save(
+          self._scaffold.saver, self._session, self._train_dir,
+          self._session.run(self._global_step))
+      checkpoints.keep_newest(self._scaffold.saver, self._train_dir)
+      return 'wrote %s' % path
+    except Exception as e:  # pylint: disable=broad-except
+      # A lost ps closes the session (MonitoredSession waits for it):
+      # that ps is the cause, not "Attempted to use a closed Session".
+      last, _ = checkpoints.newest_readable(self._train_dir)
+      lost = cluster_runtime.lost_ps(self._ps_hosts)
+      return 'could not write a checkpoint%s; %s' % (
+          ': %s cannot be reached' % lost if lost else
+          ' (%s)' % checkpoints.first_line(e),
+          'the last one, %s, is kept' % last if last else
+          'there is none yet')
+
+  def _exit_now(self, read_fd):
+    self._exit(os.read(read_fd, 1)[0])
+
+  @staticmethod
+  def _exit(signum):
+    session_lib.exit_now(128 + signum)  # The main thread may be blocked.
+
+
+class TimeLeft:
+  """The time left to max_steps, at the recent rate of the global step.
+
+  The global step counts every worker's updates, so the chief's estimate is
+  the cluster's. Recent: the first steps are slower, and a worker that
+  joins or leaves changes the rate.
+  """
+
+  WINDOW = 5  # Progress lines the rate is measured over.
+
+  def __init__(self, max_steps, clock=time.time):
+    """Args: clock: returns the time in seconds (a test's own clock)."""
+    self._max_steps = max_steps
+    self._clock = clock
+    self._points = collections.deque(maxlen=self.WINDOW + 1)
+
+  def update(self, step):
+    """Records the global step reached now; returns the time left, H:MM:SS
+    ('?' before the step has moved)."""
+    self._points.append((self._clock(), step))
+    (then, first), (now, last) = self._points[0], self._points[-1]
+    if last <= first or now <= then:
+      return '?'
+    secs = round(max(0, self._max_steps - last) * (now - then) /
+                 (last - first))
+    return '%d:%02d:%02d' % (secs // 3600, secs // 60 % 60, secs % 60)
