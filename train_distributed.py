@@ -158,6 +158,10 @@ flags.DEFINE_integer('wait_report_secs', 10, 'Seconds a task waits for '
 flags.DEFINE_enum('transfer_dtype', 'float32', ['float32', 'bfloat16'],
                   'Worker in a cluster: what weights and gradients cross the '
                   'network as; the ps accumulates and applies in float32.')
+flags.DEFINE_integer('lost_worker_secs', 10, 'Chief and ps: seconds a '
+                     'worker\'s port refuses connections before it counts as '
+                     'lost for good: its share of each update goes to the '
+                     'others, and no ps waits for it at the end.')
 flags.DEFINE_boolean('pack_transfers', True, 'Worker in a cluster: send each '
                      'kind of tensor once per ps a step (weights, gradients, '
                      'BatchNorm statistics); --nopack_transfers runs the '
@@ -179,7 +183,7 @@ def require(name, holds, what):
 for _name in ('batch_size', 'max_steps', 'save_checkpoint_steps',
               'save_summaries_steps', 'log_frequency',
               'num_preprocess_threads', 'loss_scale_period',
-              'wait_report_secs'):
+              'wait_report_secs', 'lost_worker_secs'):
   require(_name, lambda v: v >= 1, 'at least 1')
 for _name in ('eval_interval_secs', 'intra_op_threads', 'num_gpus',
               'warmup_steps', 'crop_padding'):
@@ -269,7 +273,8 @@ def train():
              if task.ps_hosts else None)  # None: one process, no server.
   if task.job_name == 'ps':
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # Nothing to save: just go.
-    return cluster_runtime.run_ps(cluster, task.task_index)
+    return cluster_runtime.run_ps(cluster, task.task_index,
+                                  lost_secs=FLAGS.lost_worker_secs)
   if task.job_name == 'evaluator':
     session_hooks.StopOnSignalHook('Evaluator')
     return cifar10_eval.run(FLAGS.train_dir, FLAGS.data_dir, FLAGS.batch_size,
@@ -381,10 +386,18 @@ def make_hooks(graph, scaffold, train_dir, task, single_process):
   if graph.sync_opt:
     # After the first checkpoint too: the chief's sync thread applies the
     # others' gradients, and the checkpoint named step N must hold step N.
-    hooks += [session_hooks.SyncReplicasHook(graph.sync_opt, is_chief),
-              presence.JoinedWorkersHook(
-                  task_index, task.worker_hosts,
-                  FLAGS.replicas_to_aggregate or len(task.worker_hosts))]
+    hooks.append(session_hooks.SyncReplicasHook(graph.sync_opt, is_chief))
+  if not single_process:
+    hooks.append(presence.JoinedWorkersHook(
+        task_index, task.worker_hosts,
+        (FLAGS.replicas_to_aggregate or len(task.worker_hosts))
+        if graph.sync_opt else None))
+  if is_chief and not single_process:
+    hooks.append(presence.LostWorkersHook(
+        worker_hosts=task.worker_hosts, lost_secs=FLAGS.lost_worker_secs,
+        global_step=graph.global_step,
+        replicas=(FLAGS.replicas_to_aggregate or len(task.worker_hosts)
+                  if graph.sync_opt else None)))
   if not is_chief and not single_process:
     hooks.append(presence.ChiefWatchHook(
         task_index, task.worker_hosts[0], graph.global_step, FLAGS.max_steps))

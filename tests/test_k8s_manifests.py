@@ -222,9 +222,10 @@ def pod_argv(job, index):
   return argv
 
 
-def pod_hosts(job):
-  """The host:port of each of an Indexed Job's pods: its host name
-  JOB-INDEX in the Service's subdomain, on the Service's port."""
+def pod_hosts(job, slots=None):
+  """The host:port of each of an Indexed Job's pods (or of its first slots
+  indexes, those it may grow to): its host name JOB-INDEX in the Service's
+  subdomain, on the Service's port."""
   spec, pod = job['spec'], job['spec']['template']['spec']
   assert spec['completionMode'] == 'Indexed'
   assert spec['parallelism'] == spec['completions']  # All run at once.
@@ -232,7 +233,7 @@ def pod_hosts(job):
   (port,) = [p['port'] for p in service()['spec']['ports']]
   return ','.join('%s-%d.%s:%d' % (job['metadata']['name'], i,
                                    pod['subdomain'], port)
-                  for i in range(spec['completions']))
+                  for i in range(slots or spec['completions']))
 
 
 def gpus(job):
@@ -274,7 +275,9 @@ def test_each_k8s_pod_runs_its_task_on_the_services_dns_names(
   assert (task.job_name, task.task_index) == (role, index)  # checks, task.
   if role != 'evaluator':  # Flags alone, one host list for all.
     assert flags.ps_hosts == pod_hosts(jobs()['ps'])
-    assert flags.worker_hosts == pod_hosts(jobs()['worker'])
+    # The 2 workers that run first, in 4 slots the job may grow to.
+    assert flags.worker_hosts == pod_hosts(jobs()['worker'], slots=4)
+    assert flags.worker_hosts.startswith(pod_hosts(jobs()['worker']) + ',')
   if role != 'ps':  # The ps writes where the chief's saver tells it.
     assert flags.train_dir == '/shared/train'
     assert flags.data_dir == '/shared/data/cifar-10-batches-bin'

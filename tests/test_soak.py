@@ -1,10 +1,12 @@
 """The restart soak: a synchronous 2 ps + 3 worker cluster (one backup
 worker) whose tasks of every role are killed (-9) and started again with the
-same command, as Kubernetes does, 9 times, the chief 4 of them.
+same command, as Kubernetes does, 9 times, the chief 4 of them; then a
+worker killed that never comes back.
 
 Each kill comes when a checkpoint step is reached (not after a sleep). The
-run must end at --max_steps with every task it started gone and every
-restarted one exiting 0; after each kill, training goes on from no earlier
+run must end at --max_steps, each ps exiting by itself without the worker
+lost for good, with every task it started gone and every restarted one
+exiting 0; after each kill, training goes on from no earlier
 than the last checkpoint taken before it (restored, or kept on the ps tasks
 when only the chief was lost); and at most the saver's max_to_keep
 checkpoints remain.
@@ -17,7 +19,7 @@ import tensorflow as tf
 from helpers import MAX_TO_KEEP, checkpoint_files, cluster_flags, kill9
 from helpers import latest_step, listed, start_cluster, wait_until
 
-MAX_STEPS = 110
+MAX_STEPS = 150
 # The task killed once the checkpoint of step 10, 20, ... exists.
 VICTIMS = ['worker2', 'worker0', 'ps1', 'worker0', 'worker1', 'ps0',
            'worker0', 'worker2', 'worker0']
@@ -35,7 +37,7 @@ def test_kill_and_restart_every_role_again_and_again(procs, tiny_data,
   train_dir = str(tmp_path / 'train')
   flags = cluster_flags(tiny_data, train_dir, num_workers=3, num_ps=2) + [
       '--replicas_to_aggregate=2', '--max_steps=%d' % MAX_STEPS,
-      '--save_checkpoint_steps=10']
+      '--save_checkpoint_steps=10', '--lost_worker_secs=3']
   start_cluster(procs, flags, num_workers=3, num_ps=2)
   live = {name: name for name in ('ps0', 'ps1', 'worker0', 'worker1',
                                   'worker2')}
@@ -73,6 +75,13 @@ def test_kill_and_restart_every_role_again_and_again(procs, tiny_data,
         l)][-1]
     # Only the chief lost: the ps model kept; a ps lost: the checkpoint.
     assert ('the ps tasks hold the model' in how) == (victim == 'worker0'), how
+
+  # Last, a worker lost for good: the run ends without it.
+  wait_until(lambda: latest_step(train_dir) >= 100, 120, 'checkpoint 100',
+             procs)
+  gone = live.pop('worker1')
+  killed.append(gone)
+  kill9(procs, gone)
 
   codes = procs.wait_all(timeout=180)
   assert codes == dict({n: -9 for n in killed},

@@ -143,3 +143,12 @@ def test_only_the_packing_module_uses_tensorflows_private_api():
           'tensorflow.python.training', '_get_control_flow_context',
           '_update_input', '_remove_all_control_inputs',
           '_add_control_inputs'])}
+
+
+def test_no_test_file_imports_another():
+  # Shared helpers live in tests/helpers.py; conftest.py holds fixtures.
+  tests = glob.glob(os.path.join(ROOT, 'tests', '*.py'))
+  leaning = {os.path.basename(p): sorted(
+      n for n in imports(p) if n.split('.')[0].startswith('test_') or
+      n.split('.')[0] == 'conftest') for p in tests}
+  assert {p: n for p, n in leaning.items() if n} == {}

@@ -66,32 +66,27 @@ def test_each_wait_says_what_it_waits_for(procs, tiny_data, tmp_path):
   assert checkpoint_step(train_dir) > 0
 
 
-def test_ps_names_the_workers_it_waits_for_at_the_end(procs, tiny_data,
-                                                     tmp_path):
+def test_ps_names_a_worker_it_waits_for_and_not_a_slot_never_started(
+    procs, tiny_data, tmp_path):
+  """Worker 1 listed, never started: the chief takes its tokens and
+  finishes; the ps, once a worker is done, waits for worker 1 while its
+  port refuses for less than --lost_worker_secs, naming it, then exits 0
+  without it (issue: a listed slot that never started does not hold it)."""
   train_dir = str(tmp_path / 'train')
-  flags = cluster_flags(tiny_data, train_dir) + ['--max_steps=20'] + REPORT
+  flags = cluster_flags(tiny_data, train_dir) + [
+      '--max_steps=20', '--lost_worker_secs=8'] + REPORT
   workers = hosts(flags, 'worker_hosts')
   procs.trainer('ps0', '--job_name=ps', '--task_index=0', *flags)
-  # The chief alone: it takes worker 1's tokens too and finishes.
   procs.trainer('worker0', '--job_name=worker', '--task_index=0', *flags)
-  procs.wait_for_line('worker0', 'Worker 0: training finished at global step',
-                      120)
-  assert procs.procs['worker0'].wait(30) == 0
-  still = ('ps 0: 1 of 2 worker(s) finished; still waiting for worker 1 at '
-           '%s to finish' % workers[1])
-  procs.wait_for_line('ps0', still, LINE_SECS)
-  # Again, after 2 x --wait_report_secs (the interval: the test below).
-  wait_until(lambda: procs.log('ps0').count(still) == 2, 30, 'the repeat',
-             procs)
-  # Worker 1, late: it finds the run over, says so, and the ps goes too.
-  procs.trainer('worker1', '--job_name=worker', '--task_index=1', *flags)
-  assert procs.wait_all(timeout=120) == {'ps0': 0, 'worker0': 0,
-                                         'worker1': 0}, procs.tails()
-  # It trained nothing: its first words after its session are the end.
-  log1 = procs.log('worker1')
-  assert log1.split('Worker 1: Session initialization complete.\n')[1] == (
-      'Worker 1: training finished at global step 20\n'), log1
-  assert 'ps 0: all 2 worker(s) finished; exiting' in procs.log('ps0')
+  assert procs.wait_all(timeout=180) == {'ps0': 0, 'worker0': 0}, (
+      procs.tails())
+  log = procs.log('ps0')
+  assert log.endswith(
+      'ps 0: 1 of 2 worker(s) finished; not waiting for worker 1 at %s '
+      '(Connection refused for 8 s), gone; exiting\n' % workers[1]), log
+  # --wait_report_secs=2 < 8 s: it named worker 1 while it waited.
+  assert ('ps 0: 1 of 2 worker(s) finished; still waiting for worker 1 at '
+          '%s to finish' % workers[1]) in log
   assert checkpoint_step(train_dir) == 20
   assert_clean_logs(procs)
 

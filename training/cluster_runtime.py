@@ -167,8 +167,14 @@ def workers_named(indices, worker_hosts):
                    for i in sorted(indices))
 
 
-def run_ps(cluster, task_index):
-  """Serves variables until every worker is done; returns the exit status."""
+def run_ps(cluster, task_index, lost_secs=10):
+  """Serves variables until every worker is done or gone; returns the exit
+  status.
+
+  Once a worker said it is done (training is over), a worker that has not
+  and whose port refuses connections for lost_secs (lost for good, stopped,
+  or a listed slot never started) is not waited for.
+  """
   config = session_config('ps', task_index)
   server = start_server(cluster, 'ps', task_index, config)
   workers = cluster.job_tasks('worker')
@@ -179,28 +185,54 @@ def run_ps(cluster, task_index):
     # This ps's queue alone: its device filter hides the other ps tasks.
     dequeue = done_queue(task_index).dequeue()
     with tf1.Session(server.target, config=config) as sess:
-      done, timeout = set(), WAIT_REPORT_SECS
+      done, refusing = set(), {}  # refusing: {index: (why, since when)}
+      next_report = time.time() + WAIT_REPORT_SECS
       while len(done) < len(workers):
         try:
           done.add(int(sess.run(dequeue, options=tf1.RunOptions(
-              timeout_in_ms=timeout * 1000))))
-          timeout = WAIT_REPORT_SECS
+              timeout_in_ms=1000))))
+          continue
         except tf.errors.DeadlineExceededError:
-          if done:  # Training is over: someone has not said so.
-            print('ps %d: %d of %d worker(s) finished; still waiting for %s '
-                  'to finish (Ctrl-C stops this ps; the chief\'s checkpoints '
-                  'hold the model)' % (
-                      task_index, len(done), len(workers), workers_named(
-                          set(range(len(workers))) - done, workers)),
-                  flush=True)
-            timeout = WAIT_REPEAT_SECS
-  print('ps %d: all %d worker(s) finished; exiting' % (task_index,
-                                                      len(workers)),
-        flush=True)
+          if not done:
+            continue
+        # Training is over: who else is still there?
+        refusing = refusing_since(workers, done, refusing)
+        late = set(range(len(workers))) - done
+        gone = {i for i in late if i in refusing and
+                time.time() - refusing[i][1] >= lost_secs}
+        if gone == late:
+          break
+        if time.time() >= next_report:
+          print('ps %d: %d of %d worker(s) finished; still waiting for %s '
+                'to finish (Ctrl-C stops this ps; the chief\'s checkpoints '
+                'hold the model)' % (task_index, len(done), len(workers),
+                                     workers_named(late - gone, workers)),
+                flush=True)
+          next_report = time.time() + WAIT_REPEAT_SECS
+  late = set(range(len(workers))) - done
+  if late:
+    print('ps %d: %d of %d worker(s) finished; not waiting for %s, gone; '
+          'exiting' % (task_index, len(done), len(workers), ', '.join(
+              'worker %d at %s (%s for %d s)' % (i, workers[i], refusing[i][0],
+                                                  lost_secs)
+              for i in sorted(late))), flush=True)
+  else:
+    print('ps %d: all %d worker(s) finished; exiting' % (task_index,
+                                                        len(workers)),
+          flush=True)
   # The last worker may still be posting to the other ps tasks.
-  wait_for_exit(workers, DONE_TIMEOUT_SECS * (cluster.num_tasks('ps') - 1) +
+  wait_for_exit([w for i, w in enumerate(workers) if i not in late],
+                DONE_TIMEOUT_SECS * (cluster.num_tasks('ps') - 1) +
                 WORKERS_EXIT_SECS)
   return 0
+
+
+def refusing_since(workers, done, refusing):
+  """{index: (why, since when)} of the workers not done whose port refuses
+  connections now, each since it first did (refusing: the last answer)."""
+  now = time.time()
+  return {i: (why, refusing.get(i, (why, now))[1])
+          for i, _, why in unreachable(workers, timeout=1.0) if i not in done}
 
 
 # How long a ps that has every done post waits for the workers to exit,

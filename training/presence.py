@@ -37,7 +37,7 @@ class JoinedWorkersHook(tf1.train.SessionRunHook):
     # slot). Only this worker writes to its queue, so there is no race.
     if not session.run(self._sizes[self._task_index]):
       session.run(self._post)
-    if self._task_index == 0:
+    if self._task_index == 0 and self._replicas:  # Synchronous.
       threading.Thread(target=self._watch, args=(session,), daemon=True,
                        name='joined_workers').start()
 
@@ -134,3 +134,130 @@ class ChiefWatchHook(tf1.train.SessionRunHook):
               'are only on the ps tasks, which keep them: start it again '
               'and it goes on from there. This worker waits for it' % (
                   self._name, self._chief_host, lost[0][2]), flush=True)
+
+
+class LostWorkersHook(tf1.train.SessionRunHook):
+  """The chief's watch on the other workers: names one lost for good, and
+  in synchronous training gives the workers left the token it held.
+
+  A worker's server takes connections while it runs, so a worker seen once
+  whose port then refuses (or does not answer) for lost_secs is lost. The
+  updates go on without it: SyncReplicasOptimizer's tokens are not per
+  worker, so the workers left compute its share of each update, but the
+  token it took for its step in flight went with it, and with every other
+  worker waiting for a token and the update one gradient short, nothing
+  moves. When the chief sees that (no token in the queue, fewer gradients
+  than an update takes, the global step still) it puts that one token back,
+  at the global step: the update gets its gradients, and no token piles up.
+  """
+
+  POLL_SECS = 1
+
+  def __init__(self, *, worker_hosts, lost_secs, global_step, replicas=None):
+    """Args: worker_hosts: the listed workers; lost_secs: how long a port
+    refuses before its worker counts as lost; global_step: the training
+    graph's; replicas: gradients an update takes (synchronous), or None."""
+    self._hosts = worker_hosts
+    self._lost_secs = lost_secs
+    self._replicas = replicas
+    self._reads = self._refill = None
+    # Who has joined (JoinedWorkersHook's posts on ps 0).
+    self._joined = [q.size() for q in cluster_runtime.join_queues(
+        len(worker_hosts))]
+    if replicas:
+      # SyncReplicasOptimizer's token queue and, on each ps, a variable's
+      # gradient accumulator, by the shared names it gives them (a worker
+      # lost in its step may have given its gradients to one ps only).
+      with tf1.device(global_step.device):
+        tokens = tf1.FIFOQueue(-1, global_step.dtype.base_dtype, shapes=(),
+                               shared_name='sync_token_q',
+                               name='lost_workers_tokens')
+        self._refill = tokens.enqueue(global_step.read_value())
+      counts = {}
+      for var in tf1.trainable_variables():
+        if var.device not in counts:
+          with tf1.colocate_with(var):
+            counts[var.device] = tf1.ConditionalAccumulator(
+                var.dtype.base_dtype, shape=var.shape,
+                shared_name=var.name + '/grad_accum',
+                name='lost_workers_grads').num_accumulated()
+      self._reads = [tokens.size(), tf.reduce_min(list(counts.values())),
+                     global_step.read_value()]
+    self._session = None
+
+  def after_create_session(self, session, coord):
+    first = self._session is None
+    self._session = session  # A new one after a lost ps.
+    if first:
+      threading.Thread(target=self._watch, daemon=True,
+                       name='lost_workers').start()
+
+  def _watched(self, seen):
+    """The workers known to have run: joined, or seen on their port."""
+    try:
+      sizes = self._session.run(self._joined, options=tf1.RunOptions(
+          timeout_in_ms=5000))
+    except (tf.errors.OpError, RuntimeError):
+      return seen  # A ps lost: said on its own.
+    return seen | {i for i, size in enumerate(sizes) if size and i}
+
+  def _watch(self):
+    seen, lost, since = set(), set(), {}
+    owed, stalled = set(), []  # The lost whose token is not back yet.
+    while True:
+      down = {i: why for i, _, why in cluster_runtime.unreachable(
+          self._hosts[1:], timeout=1.0)}
+      now = time.time()
+      for i in range(1, len(self._hosts)):
+        if i - 1 not in down:
+          if i in lost:
+            lost.discard(i)
+            owed.discard(i)
+            print('Worker 0: worker %d at %s is back; it trains again' % (
+                i, self._hosts[i]), flush=True)
+          seen.add(i)
+          since.pop(i, None)
+        elif i in seen and i not in lost:
+          since.setdefault(i, now)
+          if now - since[i] >= self._lost_secs:
+            lost.add(i)
+            if self._replicas:
+              owed.add(i)
+            print(self._lost_line(i, down[i - 1], len(lost)), flush=True)
+      if len(seen) < len(self._hosts) - 1:
+        seen = self._watched(seen)
+      if owed and self._give_back_token(stalled):
+        owed.pop()
+      time.sleep(self.POLL_SECS)
+
+  def _lost_line(self, i, why, num_lost):
+    left = len(self._hosts) - num_lost
+    share = ('the %d left compute its share of each update of %d gradients'
+             % (left, self._replicas) if self._replicas else
+             'the %d left train on' % left)
+    return ('Worker 0: lost worker %d at %s (%s for %d s); %s; start it again '
+            'and it rejoins' % (i, self._hosts[i], why, self._lost_secs,
+                                share))
+
+  def _give_back_token(self, stalled):
+    """Puts one token back once the updates have stalled for 3 polls in a
+    row (no token, an update short of gradients, the same global step);
+    returns whether it did."""
+    try:
+      size, gradients, step = self._session.run(
+          self._reads, options=tf1.RunOptions(timeout_in_ms=5000))
+    except (tf.errors.OpError, RuntimeError):
+      return False  # The session ended, or a ps was lost: said elsewhere.
+    if size or gradients >= self._replicas or (stalled and
+                                               stalled[-1] != step):
+      stalled.clear()
+      return False
+    stalled.append(step)
+    if len(stalled) < 3:
+      return False
+    stalled.clear()
+    try:
+      self._session.run(self._refill)
+    except (tf.errors.OpError, RuntimeError):
+      return False  # The queue closed: training is over.
+    return True

@@ -1,0 +1,146 @@
+"""Workers that come and go: a worker lost for good (killed, never started
+again) does not stop a run, synchronous or not, with 1 and 2 ps tasks;
+workers started mid-run in listed slots train; and every ps exits by itself
+once the workers that took part are done or gone. Real processes on free
+ports; assertions on the global step, checkpoints, lines and exit codes."""
+
+import signal
+
+import pytest
+
+from helpers import assert_clean_logs, checkpoint_step, cluster_flags
+from helpers import kill9, start_cluster, steps, wait_until
+
+LOST = ['--lost_worker_secs=3', '--wait_report_secs=2']
+
+
+def hosts(flags, name):
+  return next(f.split('=', 1)[1] for f in flags
+              if f.startswith('--%s=' % name)).split(',')
+
+
+def lose_worker_2(procs, flags, num_ps):
+  """Starts num_ps ps tasks and 3 workers; once worker 2 has trained a few
+  steps, kills it (-9) and never starts it again; returns the chief's line
+  that names it. The ps tasks are paused (SIGSTOP) from just before the
+  kill until that line, so that the run cannot end before the chief sees
+  the loss, however fast the machine."""
+  start_cluster(procs, flags, num_workers=3, num_ps=num_ps)
+  wait_until(lambda: len(steps(procs, 'worker2')) >= 2, 300,
+             'worker 2 training', procs)
+  for i in range(num_ps):
+    procs.procs['ps%d' % i].send_signal(signal.SIGSTOP)
+  try:
+    kill9(procs, 'worker2')
+    del procs.procs['worker2']
+    line = 'Worker 0: lost worker 2 at %s (Connection refused for 3 s); ' % (
+        hosts(flags, 'worker_hosts')[2])
+    procs.wait_for_line('worker0', line, 120)
+  finally:
+    for i in range(num_ps):
+      procs.procs['ps%d' % i].send_signal(signal.SIGCONT)
+  return next(l for l in procs.log('worker0').splitlines()
+              if l.startswith(line))
+
+
+@pytest.mark.parametrize('num_ps', [1, 2])
+def test_a_synchronous_worker_lost_for_good_does_not_stop_the_run(
+    procs, tiny_data, tmp_path, num_ps):
+  train_dir = str(tmp_path / 'train')
+  flags = cluster_flags(tiny_data, train_dir, num_workers=3,
+                        num_ps=num_ps) + ['--max_steps=60'] + LOST
+  workers = hosts(flags, 'worker_hosts')
+  line = lose_worker_2(procs, flags, num_ps)
+  assert line == (
+      'Worker 0: lost worker 2 at %s (Connection refused for 3 s); the 2 '
+      'left compute its share of each update of 3 gradients; start it again '
+      'and it rejoins' % workers[2])
+  expected = {'ps%d' % i: 0 for i in range(num_ps)}
+  expected.update(worker0=0, worker1=0)
+  assert procs.wait_all(timeout=600) == expected, procs.tails()
+  for i in range(num_ps):
+    assert procs.log('ps%d' % i).endswith(
+        'ps %d: 2 of 3 worker(s) finished; not waiting for worker 2 at %s '
+        '(Connection refused for 3 s), gone; exiting\n' % (i, workers[2]))
+  assert 'Worker 0: training finished at global step 60' in procs.log(
+      'worker0')
+  assert checkpoint_step(train_dir) == 60
+
+
+def test_an_asynchronous_worker_lost_for_good_lets_the_ps_exit(
+    procs, tiny_data, tmp_path):
+  train_dir = str(tmp_path / 'train')
+  flags = cluster_flags(tiny_data, train_dir, num_workers=3) + [
+      '--max_steps=100', '--nosync_replicas'] + LOST
+  workers = hosts(flags, 'worker_hosts')
+  line = lose_worker_2(procs, flags, 1)
+  assert line == ('Worker 0: lost worker 2 at %s (Connection refused for 3 '
+                  's); the 2 left train on; start it again and it rejoins' %
+                  workers[2])
+  assert procs.wait_all(timeout=600) == {'ps0': 0, 'worker0': 0,
+                                         'worker1': 0}, procs.tails()
+  assert procs.log('ps0').endswith(
+      'ps 0: 2 of 3 worker(s) finished; not waiting for worker 2 at %s '
+      '(Connection refused for 3 s), gone; exiting\n' % workers[2])
+  assert checkpoint_step(train_dir) >= 100
+
+
+@pytest.mark.parametrize('sync', [True, False], ids=['sync', 'async'])
+def test_workers_join_a_running_job_in_listed_slots(procs, tiny_data,
+                                                    tmp_path, sync):
+  """4 slots listed, workers 0 and 1 started; once they train, the ps is
+  paused (SIGSTOP) while workers 2 and 3 start, so that the run cannot end
+  before they are up; then every worker trains and every task exits 0."""
+  train_dir = str(tmp_path / 'train')
+  flags = cluster_flags(tiny_data, train_dir, num_workers=4) + [
+      '--max_steps=300'] + LOST + ([] if sync else ['--nosync_replicas'])
+  procs.trainer('ps0', '--job_name=ps', '--task_index=0', *flags)
+  for i in (1, 0):
+    procs.trainer('worker%d' % i, '--job_name=worker', '--task_index=%d' % i,
+                  *flags)
+  wait_until(lambda: len(steps(procs, 'worker0')) >= 2, 300,
+             'the first two workers training', procs)
+  procs.procs['ps0'].send_signal(signal.SIGSTOP)
+  try:
+    for i in (2, 3):
+      procs.trainer('worker%d' % i, '--job_name=worker',
+                    '--task_index=%d' % i, *flags)
+    for i in (2, 3):
+      procs.wait_for_line('worker%d' % i, 'Worker %d: Waiting for session '
+                          'to be initialized...' % i, 300)
+  finally:
+    procs.procs['ps0'].send_signal(signal.SIGCONT)
+  assert procs.wait_all(timeout=600) == {
+      'ps0': 0, 'worker0': 0, 'worker1': 0, 'worker2': 0, 'worker3': 0}, (
+          procs.tails())
+  for i in (2, 3):
+    assert steps(procs, 'worker%d' % i), procs.log('worker%d' % i)
+  assert procs.log('ps0').endswith(
+      'ps 0: all 4 worker(s) finished; exiting\n')
+  assert checkpoint_step(train_dir) >= 300
+  assert_clean_logs(procs)
+
+
+def test_a_lost_worker_started_again_rejoins(procs, tiny_data, tmp_path):
+  """Synchronous, 1 ps: worker 2 lost for good as above, then started
+  again with the same command (the ps paused until it is up, so that the
+  run cannot end first): the chief says it is back, and it trains."""
+  train_dir = str(tmp_path / 'train')
+  flags = cluster_flags(tiny_data, train_dir, num_workers=3) + [
+      '--max_steps=300'] + LOST
+  workers = hosts(flags, 'worker_hosts')
+  lose_worker_2(procs, flags, 1)
+  procs.procs['ps0'].send_signal(signal.SIGSTOP)
+  try:
+    procs.trainer('worker2', '--job_name=worker', '--task_index=2', *flags)
+    procs.wait_for_line('worker2', 'Worker 2: Waiting for session to be '
+                        'initialized...', 300)
+  finally:
+    procs.procs['ps0'].send_signal(signal.SIGCONT)
+  procs.wait_for_line('worker0', 'Worker 0: worker 2 at %s is back; it '
+                      'trains again' % workers[2], 300)
+  assert procs.wait_all(timeout=600) == {
+      'ps0': 0, 'worker0': 0, 'worker1': 0, 'worker2': 0}, procs.tails()
+  assert steps(procs, 'worker2'), procs.log('worker2')
+  assert procs.log('ps0').endswith('ps 0: all 3 worker(s) finished; exiting\n')
+  assert checkpoint_step(train_dir) >= 300
