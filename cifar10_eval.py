@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from training import checkpoints
 from training import data_layout
+from training import run_records
 import cifar10_input
 import cifar10_model
 
@@ -122,7 +123,7 @@ def test_set_line(data_dir, train_dir):
       os.path.join(data_dir, data_layout.TEST_FILE),
       data_layout.num_records(data_dir, True), data_layout.kind(data_dir))
   try:
-    with open(os.path.join(train_dir, checkpoints.DATA_RECORD)) as f:
+    with open(os.path.join(train_dir, run_records.DATA_RECORD)) as f:
       trained = json.load(f)
     if trained['data_dir'] != data_dir:
       line += '; the chief trains on %s' % data_layout.describe(trained)

@@ -56,8 +56,8 @@ from training import precision
 from training import learning_rate
 import train_graph
 from training import hooks as session_hooks
-from training import presence
 from training import session
+from training import worker_hooks
 
 tf1 = tf.compat.v1
 
@@ -311,7 +311,14 @@ def train_worker(task, cluster):
       FLAGS.max_steps, len(task.ps_hosts), graph.schedule,
       cifar10_model.averages_of_weights()) if is_chief else None)
   scaffold = train_graph.scaffold(graph)
-  hooks = make_hooks(graph, scaffold, train_dir, task, cluster is None)
+  hooks = worker_hooks.in_order(
+      graph=graph, scaffold=scaffold, train_dir=train_dir, task=task,
+      single_process=cluster is None, max_steps=FLAGS.max_steps,
+      save_checkpoint_steps=FLAGS.save_checkpoint_steps,
+      save_summaries_steps=FLAGS.save_summaries_steps,
+      replicas=FLAGS.replicas_to_aggregate or len(task.worker_hosts),
+      lost_worker_secs=FLAGS.lost_worker_secs,
+      trace_steps=[int(s) for s in FLAGS.trace_steps])
   try:
     last_step = run_session(graph, session.SessionCreator(
         scaffold, master, config, task, train_dir, resume,
@@ -367,51 +374,6 @@ def schedule(examples_per_update):
           cifar10_input.num_records(FLAGS.data_dir, False),
           examples_per_update, FLAGS.num_epochs_per_decay),
       FLAGS.learning_rate_decay_factor)
-
-
-def make_hooks(graph, scaffold, train_dir, task, single_process):
-  """The worker's session hooks, in the order they must run."""
-  task_index = task.task_index
-  is_chief = task_index == 0
-  hooks = [tf1.train.NanTensorHook(graph.loss),  # First: no NaN is saved.
-           tf1.train.StopAtStepHook(last_step=FLAGS.max_steps)]
-  if is_chief:
-    hooks += [session_hooks.CheckpointSaverHook(
-        train_dir, FLAGS.save_checkpoint_steps, scaffold, task.ps_hosts),
-              tf1.train.SummarySaverHook(
-                  save_steps=FLAGS.save_summaries_steps, output_dir=train_dir,
-                  scaffold=scaffold),
-              # After the first checkpoint: its read must not delay it.
-              session_hooks.LearningRateLineHook(graph)]
-  if graph.sync_opt:
-    # After the first checkpoint too: the chief's sync thread applies the
-    # others' gradients, and the checkpoint named step N must hold step N.
-    hooks.append(session_hooks.SyncReplicasHook(graph.sync_opt, is_chief))
-  if not single_process:
-    hooks.append(presence.JoinedWorkersHook(
-        task_index, task.worker_hosts,
-        (FLAGS.replicas_to_aggregate or len(task.worker_hosts))
-        if graph.sync_opt else None))
-  if is_chief and not single_process:
-    hooks.append(presence.LostWorkersHook(
-        worker_hosts=task.worker_hosts, lost_secs=FLAGS.lost_worker_secs,
-        global_step=graph.global_step,
-        replicas=(FLAGS.replicas_to_aggregate or len(task.worker_hosts)
-                  if graph.sync_opt else None)))
-  if not is_chief and not single_process:
-    hooks.append(presence.ChiefWatchHook(
-        task_index, task.worker_hosts[0], graph.global_step, FLAGS.max_steps))
-  if graph.loss_scaling and is_chief:
-    hooks.append(session_hooks.SkippedStepsHook(graph.loss_scaling.after))
-  if FLAGS.trace_steps:
-    hooks.append(session_hooks.TraceStepsHook(
-        [int(s) for s in FLAGS.trace_steps], train_dir, task_index))
-  # Last: its after_run comes after every other hook's checkpoint writes.
-  hooks.append(session_hooks.StopOnSignalHook(
-      'Worker %d' % task_index,
-      *((scaffold, train_dir, graph.global_step) if is_chief else ()),
-      wait_for_step=single_process, ps_hosts=task.ps_hosts))
-  return hooks
 
 
 def run_session(graph, creator, hooks, task_index, train_dir):

@@ -19,6 +19,7 @@ from training import checkpoints
 from training import cluster_runtime
 from training import log_filter
 from training import placement
+from training import run_records
 
 tf1 = tf.compat.v1
 
@@ -78,7 +79,7 @@ def run_step(sess, fetches):
 def chief_start(train_dir, data, new_data, max_steps, num_ps, schedule,
                 shadows):
   """What the chief says and checks before its session: the data it trains
-  on (checkpoints.check_data_record), what it resumes, a schedule of the
+  on (run_records.check_data_record), what it resumes, a schedule of the
   learning rate that changed, a run already at max_steps, and what each ps
   holds.
 
@@ -97,9 +98,9 @@ def chief_start(train_dir, data, new_data, max_steps, num_ps, schedule,
   """
   resume = checkpoints.resume_point(train_dir, tf1.global_variables(),
                                     say_as_chief, shadows.__contains__)
-  checkpoints.check_data_record(train_dir, data, resume, new_data,
+  run_records.check_data_record(train_dir, data, resume, new_data,
                                 say_as_chief)
-  checkpoints.check_schedule_record(train_dir, schedule, resume,
+  run_records.check_schedule_record(train_dir, schedule, resume,
                                     say_as_chief)
   if resume and resume.step >= max_steps:
     say_as_chief('%s is at global step %d, at or past --max_steps=%d: '
