@@ -126,6 +126,11 @@ def private_uses(path):
     if isinstance(node, (ast.Import, ast.ImportFrom)):
       names = [a.name for a in node.names] + [getattr(node, 'module', '')]
       found += [n for n in names if n and n.startswith('tensorflow.python')]
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+          and node.func.id in ('getattr', 'hasattr', 'setattr')
+          and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)
+          and str(node.args[1].value).startswith('_')):
+      found.append(node.args[1].value)  # getattr(var, '_private').
     elif (isinstance(node, ast.Attribute) and node.attr.startswith('_')
           and not node.attr.startswith('__')
           and node.attr not in NAMEDTUPLE_API
@@ -142,7 +147,7 @@ def test_only_the_packing_module_uses_tensorflows_private_api():
           'tensorflow.python.client', 'tensorflow.python.framework',
           'tensorflow.python.training', '_get_control_flow_context',
           '_update_input', '_remove_all_control_inputs',
-          '_add_control_inputs'])}
+          '_add_control_inputs', '_save_slice_info'])}
 
 
 def test_no_test_file_imports_another():

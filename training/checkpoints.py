@@ -21,6 +21,8 @@ import shutil
 
 import tensorflow as tf
 
+from training import transfers
+
 tf1 = tf.compat.v1
 
 
@@ -65,10 +67,7 @@ def saved_name_and_shape(var):
   A slice of a partitioned variable (see placement) is saved as part of
   the full variable.
   """
-  info = getattr(var, '_save_slice_info', None)
-  if info is not None:
-    return info.full_name, list(info.full_shape)
-  return var.op.name, var.shape.as_list()
+  return transfers.saved_name_and_shape(var)
 
 
 def mismatch(checkpoint, variables, can_rebuild=lambda var: False):

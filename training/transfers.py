@@ -10,8 +10,9 @@ plain step make the same update. --nopack_transfers leaves the graph as the
 article builds it.
 
 This module is the suite's only user of TensorFlow's private API: the
-packing's rewiring, and two shims the suite cannot do without (tf-slim's
-name for a tensor, the writer of Chrome traces). Each use says what breaks
+packing's rewiring, and what the suite cannot do without: tf-slim's name for
+a tensor, the writer of Chrome traces, the name a slice of a partitioned
+variable is saved under. Each use says what breaks
 if TensorFlow changes it; tests/test_transfers.py fails then and names the
 transfers that are no longer packed.
 """
@@ -218,3 +219,15 @@ def tf_slim_compat():
   # it goes, tf-slim itself no longer imports.
   if not hasattr(framework_ops, 'Tensor'):
     framework_ops.Tensor = tf.Tensor
+
+
+def saved_name_and_shape(var):
+  """(name, shape) under which var is saved in a checkpoint: a slice of a
+  partitioned variable is saved as part of the full variable."""
+  # Private: Variable._save_slice_info, the Saver's own record of a slice.
+  # If it goes, a partitioned variable looks whole and a resume with 2 ps
+  # or more says its checkpoint does not fit.
+  info = getattr(var, '_save_slice_info', None)
+  if info is not None:
+    return info.full_name, list(info.full_shape)
+  return var.op.name, var.shape.as_list()
