@@ -452,3 +452,35 @@ def assert_clean_logs(procs, expected=()):
     strange = [l for l in log.splitlines()
                if l not in expected and not OWN_LINE.fullmatch(l)]
     assert not strange, '%s printed lines not ours:\n%s' % (name, log)
+
+
+# A worker's graph, built in the test's process.
+
+
+def worker_graph(num_ps, sync, task_index=0, packed=True, loss_scale=None):
+  """Builds worker task_index's training graph of a cluster of num_ps ps
+  tasks (0: one process) and 2 workers, on placeholders of 4 images, not
+  run; returns (the tf.Graph, its TrainingGraph)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import train_graph  # pylint: disable=g-import-not-at-top
+  from training import learning_rate  # pylint: disable=g-import-not-at-top
+  tf1 = tf.compat.v1
+  graph = tf.Graph()
+  cluster = tf.train.ClusterSpec({
+      'ps': ['ps%d:1' % i for i in range(num_ps)],
+      'worker': ['w0:1', 'w1:1']}) if num_ps else None
+  with graph.as_default():
+    inputs, variables = train_graph.devices(
+        cluster=cluster, task_index=task_index, num_gpus=0)
+    with tf1.device(inputs):
+      images = tf1.placeholder(tf.float32, [4, 32, 32, 3])
+      labels = tf1.placeholder(tf.int32, [4])
+    with tf1.device(variables):
+      built = train_graph.build(
+          images=images, labels=labels, num_ps=num_ps,
+          is_chief=task_index == 0,
+          schedule=learning_rate.Schedule('exponential', 0.1, 128, 'none', 0,
+                                          100, 100, 0.1),
+          sync=(2, 2) if sync else None, loss_scale=loss_scale,
+          pack_transfers=packed and bool(num_ps))
+  return graph, built

@@ -4,9 +4,9 @@ import pytest
 import tensorflow as tf
 
 import cifar10_model
+from helpers import worker_graph
 from training import placement
 from training import checkpoints
-from training import learning_rate
 
 tf1 = tf.compat.v1
 
@@ -103,23 +103,7 @@ def test_the_moving_averages_stay_on_their_ps(sync, loss_scale):
   float16's loss scaling: each gradient is checked for overflow on its ps,
   and only the verdict crosses.
   """
-  import train_graph  # pylint: disable=g-import-not-at-top
-  graph = tf.Graph()
-  cluster = tf.train.ClusterSpec({'ps': ['ps0:1', 'ps1:1'],
-                                  'worker': ['w0:1', 'w1:1']})
-  with graph.as_default():
-    inputs, variables = train_graph.devices(cluster=cluster, task_index=0,
-                                            num_gpus=0)
-    with tf1.device(inputs):
-      images = tf1.placeholder(tf.float32, [4, 32, 32, 3])
-      labels = tf1.placeholder(tf.int32, [4])
-    with tf1.device(variables):
-      train_graph.build(
-          images=images, labels=labels, num_ps=2, is_chief=True,
-          schedule=learning_rate.Schedule(
-              'exponential', 0.1, 128, 'none', 0, 100, 100, 0.1),
-          sync=(2, 2) if sync else None, loss_scale=loss_scale,
-          pack_transfers=True)
+  graph, _ = worker_graph(2, sync, loss_scale=loss_scale)
   by_name = {op.name: op for op in graph.get_operations()}
   averaged = 0
   for op in graph.get_operations():

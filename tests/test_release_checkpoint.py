@@ -7,9 +7,8 @@ tf.train.load_checkpoint, not made by the code under test."""
 import pytest
 import tensorflow as tf
 
-import train_graph
+from helpers import worker_graph
 from training import checkpoints
-from training import learning_rate
 
 tf1 = tf.compat.v1
 
@@ -54,21 +53,8 @@ RELEASE_CHECKPOINT = {
 
 @pytest.mark.parametrize('num_ps, sync', [(0, False), (2, True), (2, False)])
 def test_the_graph_saves_what_the_last_release_saved(num_ps, sync):
-  with tf.Graph().as_default():
-    cluster = tf.train.ClusterSpec({
-        'ps': ['ps%d:1' % i for i in range(num_ps)], 'worker': ['w0:1', 'w1:1']
-    }) if num_ps else None
-    inputs, variables = train_graph.devices(cluster=cluster, task_index=0,
-                                            num_gpus=0)
-    with tf1.device(inputs):
-      images = tf1.placeholder(tf.float32, [4, 32, 32, 3])
-      labels = tf1.placeholder(tf.int32, [4])
-    with tf1.device(variables):
-      train_graph.build(
-          images=images, labels=labels, num_ps=num_ps, is_chief=True,
-          schedule=learning_rate.Schedule('exponential', 0.1, 128, 'none', 0,
-                                          100, 100, 0.1),
-          sync=(2, 2) if sync else None, pack_transfers=bool(num_ps))
+  graph, _ = worker_graph(num_ps, sync)
+  with graph.as_default():
     saved = {}
     for var in tf1.global_variables():
       name, shape = checkpoints.saved_name_and_shape(var)

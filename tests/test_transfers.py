@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.training import training_util
 
-from helpers import SERVERS, free_ports
+from helpers import SERVERS, worker_graph, free_ports
 
 import train_graph
 from training import learning_rate
@@ -47,20 +47,8 @@ def task_of(op, by_name):
 def step_graph(num_ps, sync, task_index, packed=True):
   """A worker's training graph on 1 ps + 2 workers (or 2 ps), not run;
   returns (graph, the ops its step runs)."""
-  graph = tf.Graph()
-  cluster = tf.train.ClusterSpec({
-      'ps': ['ps%d:1' % i for i in range(num_ps)], 'worker': ['w0:1', 'w1:1']})
+  graph, built = worker_graph(num_ps, sync, task_index, packed)
   with graph.as_default():
-    inputs, variables = train_graph.devices(cluster=cluster,
-                                            task_index=task_index, num_gpus=0)
-    with tf1.device(inputs):
-      images = tf1.placeholder(tf.float32, [4, 32, 32, 3])
-      labels = tf1.placeholder(tf.int32, [4])
-    with tf1.device(variables):
-      built = train_graph.build(
-          images=images, labels=labels, num_ps=num_ps,
-          is_chief=task_index == 0, schedule=SCHEDULE,
-          sync=(2, 2) if sync else None, pack_transfers=packed)
     # What the session loop and TensorFlow's hooks fetch every step.
     fetches = [built.step_after, built.loss, built.accuracy] + tf1.get_collection(
         training_util.GLOBAL_STEP_READ_KEY)
