@@ -4,12 +4,13 @@ workers started mid-run in listed slots train; and every ps exits by itself
 once the workers that took part are done or gone. Real processes on free
 ports; assertions on the global step, checkpoints, lines and exit codes."""
 
+import os
 import signal
 
 import pytest
 
 from helpers import assert_clean_logs, checkpoint_step, cluster_flags
-from helpers import kill9, start_cluster, steps, wait_until
+from helpers import kill9, steps, wait_until
 
 LOST = ['--lost_worker_secs=3', '--wait_report_secs=2']
 
@@ -19,26 +20,55 @@ def hosts(flags, name):
               if f.startswith('--%s=' % name)).split(',')
 
 
+# Run in worker 2 before the trainer: after its 10th step (which ends with
+# the token of its next one taken) it stops the ps tasks and itself.
+STOP_AFTER_10_STEPS = """
+import os, signal
+from training import session
+step, done = session.run_step, [0]
+def stop_after(*args):
+  result = step(*args)
+  done[0] += 1
+  if done[0] == 10:
+    for pid in %r:
+      os.kill(pid, signal.SIGSTOP)
+    os.kill(os.getpid(), signal.SIGSTOP)
+  return result
+session.run_step = stop_after
+"""
+
+
+def stopped(pid):
+  """Whether process pid is stopped (state T in /proc/PID/stat)."""
+  with open('/proc/%d/stat' % pid) as f:
+    return f.read().rsplit(')', 1)[1].split()[0] == 'T'
+
+
 def lose_worker_2(procs, flags, num_ps):
-  """Starts num_ps ps tasks and 3 workers; once worker 2 has trained a few
-  steps, kills it (-9) and never starts it again; returns the chief's line
-  that names it. The ps tasks are paused (SIGSTOP) from just before the
-  kill until that line, so that the run cannot end before the chief sees
-  the loss, however fast the machine."""
-  start_cluster(procs, flags, num_workers=3, num_ps=num_ps)
-  wait_until(lambda: len(steps(procs, 'worker2')) >= 2, 300,
-             'worker 2 training', procs)
+  """Starts num_ps ps tasks and 3 workers; worker 2, after 10 steps,
+  holding the token of its next step, stops the ps tasks and itself; it is
+  then killed (-9) and never started again. Returns the chief's line that
+  names it. The ps tasks stay stopped until that line: the run cannot end
+  before the chief sees the loss, however fast the machine."""
   for i in range(num_ps):
-    procs.procs['ps%d' % i].send_signal(signal.SIGSTOP)
+    procs.trainer('ps%d' % i, '--job_name=ps', '--task_index=%d' % i, *flags)
+  ps_pids = [procs.procs['ps%d' % i].pid for i in range(num_ps)]
+  procs.trainer('worker2', '--job_name=worker', '--task_index=2', *flags,
+                fault=STOP_AFTER_10_STEPS % ps_pids)
+  for i in (1, 0):
+    procs.trainer('worker%d' % i, '--job_name=worker', '--task_index=%d' % i,
+                  *flags)
   try:
+    wait_until(lambda: stopped(procs.procs['worker2'].pid), 300,
+               'worker 2 stopping after 10 steps', procs)
     kill9(procs, 'worker2')
     del procs.procs['worker2']
     line = 'Worker 0: lost worker 2 at %s (Connection refused for 3 s); ' % (
         hosts(flags, 'worker_hosts')[2])
     procs.wait_for_line('worker0', line, 120)
   finally:
-    for i in range(num_ps):
-      procs.procs['ps%d' % i].send_signal(signal.SIGCONT)
+    for pid in ps_pids:
+      os.kill(pid, signal.SIGCONT)
   return next(l for l in procs.log('worker0').splitlines()
               if l.startswith(line))
 
@@ -89,8 +119,9 @@ def test_an_asynchronous_worker_lost_for_good_lets_the_ps_exit(
 def test_workers_join_a_running_job_in_listed_slots(procs, tiny_data,
                                                     tmp_path, sync):
   """4 slots listed, workers 0 and 1 started; once they train, the ps is
-  paused (SIGSTOP) while workers 2 and 3 start, so that the run cannot end
-  before they are up; then every worker trains and every task exits 0."""
+  paused (SIGSTOP) while workers 2 and 3 start (and, asynchronous, workers
+  0 and 1 until 2 and 3 train), so that the run cannot end before they
+  train; then every worker trains and every task exits 0."""
   train_dir = str(tmp_path / 'train')
   flags = cluster_flags(tiny_data, train_dir, num_workers=4) + [
       '--max_steps=300'] + LOST + ([] if sync else ['--nosync_replicas'])
@@ -108,8 +139,19 @@ def test_workers_join_a_running_job_in_listed_slots(procs, tiny_data,
     for i in (2, 3):
       procs.wait_for_line('worker%d' % i, 'Worker %d: Waiting for session '
                           'to be initialized...' % i, 300)
+    if not sync:  # Alone, 0 and 1 could finish before 2 and 3 train.
+      for i in (0, 1):
+        procs.procs['worker%d' % i].send_signal(signal.SIGSTOP)
   finally:
     procs.procs['ps0'].send_signal(signal.SIGCONT)
+  try:
+    if not sync:
+      wait_until(lambda: steps(procs, 'worker2') and steps(procs, 'worker3'),
+                 300, 'workers 2 and 3 training', procs)
+  finally:
+    if not sync:
+      for i in (0, 1):
+        procs.procs['worker%d' % i].send_signal(signal.SIGCONT)
   assert procs.wait_all(timeout=600) == {
       'ps0': 0, 'worker0': 0, 'worker1': 0, 'worker2': 0, 'worker3': 0}, (
           procs.tails())

@@ -49,6 +49,20 @@ def test_restarts_trim_what_an_earlier_release_left(procs, tiny_data,
 
 
 # 1 and 2 ps, sync and async; 2 ps sync in tests/test_soak.py.
+# Run in a worker before the trainer: each of its steps lasts at least
+# 0.05 s more.
+PACED = """
+import time
+from training import session
+step = session.run_step
+def paced(*args):
+  result = step(*args)
+  time.sleep(0.05)
+  return result
+session.run_step = paced
+"""
+
+
 # Asynchronous, worker 1 trains alone until it sees the chief gone (6-8 s),
 # and again as soon as the chief's port is back: leave steps for the chief.
 @pytest.mark.parametrize('num_ps, sync, max_steps', [(2, False, 400),
@@ -61,7 +75,13 @@ def test_a_lost_chief_is_said_and_its_return_keeps_the_ps_model(
       '--max_steps=%d' % max_steps, '--save_checkpoint_steps=20',
       '--log_frequency=1'] + ([] if sync else ['--nosync_replicas'])
   chief = flags[1].split('=')[1].split(',')[0]
-  start_cluster(procs, flags, num_ps=num_ps)
+  for i in range(num_ps):
+    procs.trainer('ps%d' % i, '--job_name=ps', '--task_index=%d' % i, *flags)
+  # Worker 1 paced (at most 20 steps a second), so that on any machine the
+  # run is far from --max_steps when it sees the chief gone.
+  procs.trainer('worker1', '--job_name=worker', '--task_index=1', *flags,
+                fault=PACED)
+  procs.trainer('worker0', '--job_name=worker', '--task_index=0', *flags)
   # Killed with steps on the ps past the last checkpoint (and seen by
   # worker 1), which a chief restoring it would throw away.
   wait_until(lambda: latest_step(train_dir) >= 20 and max(printed_steps(

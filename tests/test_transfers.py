@@ -278,7 +278,7 @@ def test_a_cluster_step_trains_as_one_process(procs, tmp_path, monkeypatch,
                                rtol=1e-4, atol=1e-8, err_msg=name)
 
 
-def test_the_plain_graph_sends_each_weight_on_its_own():
+def test_the_plain_graph_packs_nothing_and_sends_the_weights_apart():
   """--nopack_transfers: the article's graph as built, nothing packed or
   rewired: each of the 12 weights crosses by itself to the worker."""
   graph, _ = step_graph(1, True, 0, packed=False)

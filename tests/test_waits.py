@@ -66,7 +66,7 @@ def test_each_wait_says_what_it_waits_for(procs, tiny_data, tmp_path):
   assert checkpoint_step(train_dir) > 0
 
 
-def test_ps_names_a_worker_it_waits_for_and_not_a_slot_never_started(
+def test_ps_names_a_slot_never_started_then_exits_without_it(
     procs, tiny_data, tmp_path):
   """Worker 1 listed, never started: the chief takes its tokens and
   finishes; the ps, once a worker is done, waits for worker 1 while its
