@@ -221,8 +221,8 @@ class LossScaled(tf1.train.Optimizer):
       if grad is not None:
         if isinstance(grad, tf.IndexedSlices):
           raise TypeError('no sparse gradients here (%s)' % var.name)
-        # Where the gradient is: on the worker, or with bfloat16 on the
-        # wire, on the ps after its cast back (see Wire).
+        # Where the gradient is, on the worker: it then crosses once, to
+        # its variable's ps (packed there by training/transfers.py).
         with tf1.colocate_with(grad):
           grad = grad * tf.math.reciprocal(scale)
       unscaled.append((grad, var))
