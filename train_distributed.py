@@ -390,10 +390,11 @@ def run_session(graph, creator, hooks, task_index, train_dir):
     writer = (tf1.summary.FileWriterCache.get(train_dir) if task_index == 0
               else None)
     return run_loop(sess, [graph.step_after, graph.loss, graph.accuracy],
-                    writer, graph.global_step)
+                    writer, graph.global_step,
+                    graph.schedule.examples_per_update)
 
 
-def run_loop(sess, fetches, writer, global_step):
+def run_loop(sess, fetches, writer, global_step, examples_per_update):
   """Runs training steps until a hook stops the session; prints progress;
   returns the global step after this worker's last step (None: no step).
 
@@ -403,12 +404,13 @@ def run_loop(sess, fetches, writer, global_step):
       first runs the train op.
     writer: The chief's summary writer, for examples/sec; None elsewhere.
     global_step: Its tensor: a run resumed at max_steps takes no step.
+    examples_per_update: What one global step trains on, over all workers.
   """
   step = sess.run_step_fn(
       lambda step_context: step_context.session.run(global_step))
   if step >= FLAGS.max_steps:  # StopAtStepHook would let one step run.
     return step
-  local_step = 0
+  local_step, logged_step = 0, step
   start = time.time()
   left = session_hooks.TimeLeft(FLAGS.max_steps)
   while not sess.should_stop():
@@ -425,9 +427,15 @@ def run_loop(sess, fetches, writer, global_step):
             (datetime.now(), step, loss_value, accuracy_value,
              examples_per_sec, duration / FLAGS.log_frequency,
              left.update(step)), flush=True)
-      if writer:
-        writer.add_summary(tf1.Summary(value=[tf1.Summary.Value(
-            tag='examples/sec', simple_value=examples_per_sec)]), step)
+      if writer:  # Its own rate, and the cluster's: how workers that come
+        # and go change what the job trains on a second.
+        cluster_per_sec = (step - logged_step) * examples_per_update / duration
+        writer.add_summary(tf1.Summary(value=[
+            tf1.Summary.Value(tag='examples/sec',
+                              simple_value=examples_per_sec),
+            tf1.Summary.Value(tag='cluster_examples/sec',
+                              simple_value=cluster_per_sec)]), step)
+      logged_step = step
     if step >= FLAGS.max_steps:
       # The step this run reached, read after it: in asynchronous training
       # StopAtStepHook's estimate (the step before the run, plus one) lags

@@ -39,8 +39,11 @@ def devices(*, cluster, task_index, num_gpus):
   if cluster is None:
     return '/cpu:0', compute
   worker = '/job:worker/task:%d' % task_index
-  return (worker + '/cpu:0',
-          placement.device_setter(cluster, worker + compute))
+  return worker + '/cpu:0', tf1.train.replica_device_setter(
+      worker_device=worker + compute, ps_device='/job:ps/cpu:0',
+      cluster=cluster,
+      # Each variable to the ps holding the fewest bytes, not round-robin.
+      ps_strategy=placement.GreedyByBytes(cluster.num_tasks('ps')))
 
 
 def build(*, images, labels, num_ps, is_chief, schedule, sync=None,

@@ -54,14 +54,15 @@ def largest_shares(max_ps):
   model once per ps count)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import cifar10_model  # pylint: disable=g-import-not-at-top
+  import train_graph  # pylint: disable=g-import-not-at-top
   from training import placement  # pylint: disable=g-import-not-at-top
   tf1 = tf.compat.v1
   shares = {}
   for num_ps in range(1, max_ps + 1):
     cluster = tf.train.ClusterSpec({
         'ps': ['ps%d:1' % i for i in range(num_ps)], 'worker': ['w:1']})
-    with tf.Graph().as_default(), tf1.device(placement.device_setter(
-        cluster, '/job:worker/task:0')), tf1.variable_scope(
+    with tf.Graph().as_default(), tf1.device(train_graph.devices(
+        cluster=cluster, task_index=0, num_gpus=0)[1]), tf1.variable_scope(
             '', partitioner=placement.partitioner(num_ps)):
       cifar10_model.inference(tf1.placeholder(tf.float32, [1, 32, 32, 3]))
       loads = [size for _, size in placement.ps_loads(

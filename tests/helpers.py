@@ -7,8 +7,8 @@ conftest.py, built on these. A test file imports from here, never from
 another test file or from conftest.py.
 
 Importing this module sets up the suite's environment, in os.environ, for
-every test and every process a test starts: the variables of
-CALLER_VARIABLES that the caller's shell exported are removed (see
+every test and every process a test starts: the variables
+the caller's shell exported that could change a result are removed (see
 known_environ), and the checkout and its scripts/ go on sys.path.
 """
 
@@ -39,25 +39,29 @@ LOCAL_CLUSTER_SCRIPT = os.path.join(ROOT, 'scripts', 'run_local_cluster.sh')
 # The suite's environment. What the caller's shell exports must not change
 # a result: a TF_CONFIG would give every task a cluster, TF_CPP_MIN_LOG_LEVEL
 # what TensorFlow prints (and the fork server's TensorFlow a level the tasks
-# did not ask for), CUDA_VISIBLE_DEVICES the devices a task sees; the others
-# TensorFlow's logs, kernels or Keras. A test that needs one sets it itself
+# did not ask for), CUDA_VISIBLE_DEVICES the devices a task sees, a GRPC_
+# variable or a proxy how the tasks talk; the others TensorFlow's logs,
+# kernels, memory or Keras. A test that needs one sets it itself
 # (procs.start's env, monkeypatch).
-CALLER_VARIABLES = (
-    'TF_CONFIG', 'CUDA_VISIBLE_DEVICES', 'TF_CPP_MIN_LOG_LEVEL',
-    'TF_CPP_MAX_VLOG_LEVEL', 'TF_CPP_MIN_VLOG_LEVEL', 'TF_CPP_VMODULE',
-    'TF_ENABLE_ONEDNN_OPTS', 'TF_USE_LEGACY_KERAS', 'TF_XLA_FLAGS',
-    'XLA_FLAGS')
+CALLER_PREFIXES = ('TF_', 'XLA_', 'CUDA_', 'GRPC_')
+CALLER_VARIABLES = ('http_proxy', 'https_proxy', 'all_proxy', 'grpc_proxy',
+                    'HTTP_PROXY', 'HTTPS_PROXY', 'ALL_PROXY')
+
+
+def from_caller(name):
+  """Whether the suite drops the variable `name` the caller exported."""
+  return name.startswith(CALLER_PREFIXES) or name in CALLER_VARIABLES
 
 
 def known_environ(environ):
-  """The environment the suite runs in, from the caller's: without
-  CALLER_VARIABLES, as in a shell that exports none of them."""
-  return {k: v for k, v in environ.items() if k not in CALLER_VARIABLES}
+  """The environment the suite runs in, from the caller's: without the
+  variables from_caller names, as in a shell that exports none of them."""
+  return {k: v for k, v in environ.items() if not from_caller(k)}
 
 
 # What the caller exported and the suite dropped (pytest's header says it).
-DROPPED_FROM_CALLER = {k: os.environ.pop(k) for k in CALLER_VARIABLES
-                       if k in os.environ}
+DROPPED_FROM_CALLER = {k: os.environ.pop(k) for k in list(os.environ)
+                       if from_caller(k)}
 
 # TESTS_FORKSERVER=0: every task starts Python afresh (see forkserver.py).
 USE_FORKSERVER = os.environ.get('TESTS_FORKSERVER', '1') != '0'
@@ -299,10 +303,13 @@ class Processes:
         self.log(n).splitlines()[-lines:])) for n in self.procs)
 
   def kill_all(self):
-    for proc in self.procs.values():
-      if proc.poll() is None:
-        proc.kill()  # By PID, or the fork server's by pidfd.
-        proc.wait(60)
+    """Kills every process still running, then reaps them: none of them
+    is left to run on while another is waited for."""
+    running = [p for p in self.procs.values() if p.poll() is None]
+    for proc in running:
+      proc.kill()  # By PID, or the fork server's by pidfd.
+    for proc in running:
+      proc.wait(60)
 
 
 def wait_until(predicate, timeout, what, procs):
@@ -316,6 +323,24 @@ def wait_until(predicate, timeout, what, procs):
     time.sleep(0.2)
   pytest.fail('%s did not happen within %d s; logs:\n%s' % (what, timeout,
                                                             procs.tails()))
+
+
+def run_in_group(command, timeout, **popen_args):
+  """Runs a script that starts tasks of its own, in a session of its own;
+  kills the group (the script and every task it started) whatever happens.
+  Returns (exit status, what it printed)."""
+  proc = subprocess.Popen(command, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True, **popen_args)
+  try:
+    out, _ = proc.communicate(timeout=timeout)
+  finally:
+    try:
+      os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+    proc.wait()
+  return proc.returncode, out
 
 
 def kill9(procs, name):

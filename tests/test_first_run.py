@@ -8,15 +8,13 @@ import io
 import os
 import re
 import shutil
-import signal
-import subprocess
 import tarfile
 import threading
 
 import tensorflow as tf
 
 from helpers import LOCAL_CLUSTER_SCRIPT as SCRIPT
-from helpers import single_process_flags
+from helpers import run_in_group, single_process_flags
 
 SHORT = ['--batch_size=16', '--num_workers=1', '--max_steps=10', '--',
          '--num_preprocess_threads=2', '--log_frequency=5',
@@ -108,20 +106,9 @@ def serve(body):
 def run(tmp_path, *args, env=None):
   """The script as the README gives it, in tmp_path as its checkout's
   working directory; returns (exit status, what it printed)."""
-  proc = subprocess.Popen(['bash', SCRIPT, '--log_dir=logs'] + list(args),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, cwd=str(tmp_path),
-                          env=dict(os.environ, **(env or {})),
-                          start_new_session=True)
-  try:
-    out, _ = proc.communicate(timeout=240)
-  finally:  # The script and every task it started: one process group.
-    try:
-      os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-      pass
-    proc.wait()
-  return proc.returncode, out
+  return run_in_group(['bash', SCRIPT, '--log_dir=logs'] + list(args),
+                      timeout=240, cwd=str(tmp_path),
+                      env=dict(os.environ, **(env or {})))
 
 
 def test_the_quickstart_then_the_real_data_never_mix(tmp_path, tiny_data):

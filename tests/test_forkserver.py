@@ -2,9 +2,11 @@
 they behave as processes started afresh: exit statuses, signals, logs;
 none gets the TensorFlow variables the caller's shell exported."""
 
+import json
 import os
 import signal
 import subprocess
+import sys
 
 import pytest
 
@@ -37,14 +39,45 @@ def test_trainer_tasks_come_from_the_fork_server(procs, tiny_data, tmp_path):
   assert fresh.wait(60) == 1
 
 
-def test_the_callers_tensorflow_variables_reach_no_task():
+# Run by a Python of its own (the caller's shell, in effect): imports the
+# suite's helpers, starts a task as a test does, and prints the task's
+# environment and the fork server's.
+PROBE = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import helpers
+procs = helpers.Processes(sys.argv[2])
+try:
+  procs.trainer('probe', fault='import json, os; print("TASK " + '
+                'json.dumps(dict(os.environ)), flush=True); os._exit(0)')
+  assert procs.procs['probe'].wait(120) == 0, procs.log('probe')
+  print(procs.log('probe'))
+  print('SERVER ' + json.dumps(helpers.SERVER_ENV))
+finally:
+  procs.kill_all()
+  helpers.FORK_SERVER.stop()
+"""
+
+
+def test_the_callers_tensorflow_variables_reach_no_task(tmp_path):
   # Exported in the caller's shell, they would change what a task does or
   # prints (and the fork server's TensorFlow would load with them, unlike
   # the tasks it forks): the suite drops them as it starts.
   caller = {'TF_CONFIG': '{"cluster": {"ps": ["h:1"], "worker": ["h:2"]}, '
                          '"task": {"type": "worker", "index": 0}}',
             'TF_CPP_MIN_LOG_LEVEL': '2', 'CUDA_VISIBLE_DEVICES': '',
-            'HOME': '/home/someone'}
-  assert helpers.known_environ(caller) == {'HOME': '/home/someone'}
-  assert helpers.known_environ(os.environ) == dict(os.environ)
-  assert helpers.known_environ(helpers.SERVER_ENV) == helpers.SERVER_ENV
+            'TF_GPU_ALLOCATOR': 'cuda_malloc_async', 'GRPC_VERBOSITY': 'debug',
+            'https_proxy': 'http://proxy.invalid:3128',
+            'SUITE_PROBE': 'passed on'}
+  result = subprocess.run(
+      [sys.executable, '-c', PROBE, os.path.join(helpers.ROOT, 'tests'),
+       str(tmp_path)], env=dict(os.environ, **caller), capture_output=True,
+      text=True, timeout=300)
+  assert result.returncode == 0, result.stdout + result.stderr
+  seen = {line.split(' ', 1)[0]: json.loads(line.split(' ', 1)[1])
+          for line in result.stdout.splitlines()
+          if line.startswith(('TASK ', 'SERVER '))}
+  assert set(seen) == {'TASK', 'SERVER'}, result.stdout
+  for name, environ in seen.items():
+    assert environ['SUITE_PROBE'] == 'passed on', name
+    assert not set(caller) - {'SUITE_PROBE'} & set(environ), (name, environ)

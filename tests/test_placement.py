@@ -4,6 +4,7 @@ import pytest
 import tensorflow as tf
 
 import cifar10_model
+import train_graph
 from helpers import worker_graph
 from training import placement
 from training import checkpoints
@@ -19,8 +20,8 @@ def build(num_ps):
   graph = tf.Graph()
   cluster = tf.train.ClusterSpec({
       'ps': ['ps%d:1' % i for i in range(num_ps)], 'worker': ['w:1']})
-  with graph.as_default(), tf1.device(placement.device_setter(
-      cluster, '/job:worker/task:0/cpu:0')):
+  with graph.as_default(), tf1.device(train_graph.devices(
+      cluster=cluster, task_index=0, num_gpus=0)[1]):
     tf1.train.get_or_create_global_step()
     with tf1.variable_scope('', partitioner=placement.partitioner(num_ps)):
       cifar10_model.inference(tf1.placeholder(tf.float32, [1, 32, 32, 3]))

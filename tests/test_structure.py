@@ -76,35 +76,47 @@ ARTICLE = {'train_distributed', 'train_graph', 'cifar10_input',
            'cifar10_model', 'cifar10_eval'}
 
 
-def source(module):
-  with open(os.path.join(ROOT, module)) as f:
-    return f.read()
+def landmarks(path):
+  """{landmark: its first line} in a file's code (not its comments or
+  strings): each call by its callee (`tf.train.ClusterSpec`), each function
+  by `def NAME`, each while loop by `while TEST`."""
+  found = {}
+  for node in ast.walk(tree(os.path.join(ROOT, path))):
+    if isinstance(node, ast.Call):
+      mark = ast.unparse(node.func)
+    elif isinstance(node, ast.FunctionDef):
+      mark = 'def ' + node.name
+    elif isinstance(node, ast.While):
+      mark = 'while ' + ast.unparse(node.test)
+    else:
+      continue
+    found[mark] = min(found.get(mark, node.lineno), node.lineno)
+  return found
 
 
-def in_order(text, landmarks):
-  """The landmarks' first positions in text, each found."""
-  positions = [text.find(mark) for mark in landmarks]
-  assert -1 not in positions, [m for m, p in zip(landmarks, positions)
-                               if p < 0]
-  return positions
+def in_order(path, marks):
+  """Whether each landmark is in the file's code, in this order."""
+  found = landmarks(path)
+  assert not [m for m in marks if m not in found], sorted(found)
+  lines = [found[m] for m in marks]
+  assert lines == sorted(lines), list(zip(marks, lines))
 
 
 def test_the_entry_point_reads_top_to_bottom():
   # mnist_replica.py's order: flags, the cluster, its server, the graph,
   # the session, the loop.
-  positions = in_order(source('train_distributed.py'), [
-      'flags.DEFINE_string', 'def main(', 'tf.train.ClusterSpec(',
-      'session_target(', 'train_graph.devices(', 'train_graph.build(',
-      'MonitoredSession(', 'while not sess.should_stop():'])
-  assert positions == sorted(positions)
+  in_order('train_distributed.py', [
+      'flags.DEFINE_string', 'def main', 'tf.train.ClusterSpec',
+      'cluster_runtime.session_target', 'train_graph.devices',
+      'train_graph.build', 'tf1.train.MonitoredSession',
+      'while not sess.should_stop()'])
 
 
 def test_the_graph_reads_like_the_article():
-  positions = in_order(source('train_graph.py'), [
-      'def devices(', 'device_setter(', 'cifar10_model.inference(',
-      'cifar10_model.loss(', 'learning_rate.rate(', 'def optimizer(',
-      'tf1.train.SyncReplicasOptimizer(', 'def scaffold('])
-  assert positions == sorted(positions)
+  in_order('train_graph.py', [
+      'def devices', 'tf1.train.replica_device_setter',
+      'cifar10_model.inference', 'cifar10_model.loss', 'learning_rate.rate',
+      'def optimizer', 'tf1.train.SyncReplicasOptimizer', 'def scaffold'])
 
 
 def test_the_package_does_not_import_the_article():

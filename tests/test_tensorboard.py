@@ -1,5 +1,6 @@
 """TensorBoard, as requirements.txt installs it, serves a run's scalars."""
 
+import glob
 import json
 import os
 import time
@@ -8,10 +9,12 @@ import urllib.parse
 import urllib.request
 
 import pytest
+import tensorflow as tf
 
-from helpers import FAST, free_ports
+from helpers import FAST, cluster_flags, free_ports, start_cluster
 
-CHIEF_TAGS = {'loss', 'accuracy', 'learning_rate', 'examples/sec'}
+CHIEF_TAGS = {'loss', 'accuracy', 'learning_rate', 'examples/sec',
+              'cluster_examples/sec'}
 EVAL_TAGS = {'test/accuracy', 'test/loss'}
 
 
@@ -61,9 +64,38 @@ def test_tensorboard_serves_the_chief_and_evaluator_scalars(procs, tiny_data,
   # Every --save_summaries_steps, from the first step on.
   assert len(steps) >= 3 and steps[0] <= 1, steps
   assert all(b - a == 5 for a, b in zip(steps, steps[1:])), steps
+  # One process is the whole cluster: each global step is one of its own
+  # batches, so the cluster's rate is its own, point for point.
+  own, cluster = [[(step, value) for _, step, value in get(
+      port, '/data/plugin/scalars/scalars', run='.', tag=tag)]
+                  for tag in ('examples/sec', 'cluster_examples/sec')]
+  assert [step for step, _ in own] == [5, 10, 15, 20], own
+  assert cluster == own
   test = get(port, '/data/plugin/scalars/scalars', run='eval',
              tag='test/accuracy')
   with open(os.path.join(train_dir, 'eval', 'results.jsonl')) as f:
     result = json.loads(f.read().splitlines()[-1])
   assert [(step, round(value, 6)) for _, step, value in test] == [
       (20, round(result['accuracy'], 6))]
+
+
+def test_the_chief_writes_the_clusters_examples_per_second(procs, tiny_data,
+                                                           tmp_path):
+  """Sync, 2 workers of 16: a global step trains on 32 examples. Between two
+  of the chief's points (each 5 of its own steps) the cluster's rate is its
+  own times the global steps between them x 32 / (5 x 16)."""
+  train_dir = str(tmp_path / 'train')
+  flags = cluster_flags(tiny_data, train_dir) + ['--max_steps=30']
+  start_cluster(procs, flags)
+  assert set(procs.wait_all(timeout=180).values()) == {0}, procs.tails()
+  points = {}
+  for path in glob.glob(os.path.join(train_dir, 'events.out.tfevents.*')):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        points.setdefault(value.tag, {})[event.step] = value.simple_value
+  own, cluster = points['examples/sec'], points['cluster_examples/sec']
+  assert sorted(cluster) == sorted(own) and len(own) >= 5, points
+  steps = [0] + sorted(own)
+  for before, step in zip(steps, steps[1:]):
+    assert cluster[step] == pytest.approx(
+        own[step] * (step - before) * 32 / (5 * 16), rel=1e-5), (step, points)

@@ -67,13 +67,6 @@ def partitioner(num_ps):
   return partition
 
 
-def device_setter(cluster, worker_device):
-  """replica_device_setter: variables by bytes over the cluster's ps tasks."""
-  return tf1.train.replica_device_setter(
-      worker_device=worker_device, ps_device='/job:ps/cpu:0',
-      cluster=cluster, ps_strategy=GreedyByBytes(cluster.num_tasks('ps')))
-
-
 def ps_loads(variables, num_ps):
   """Returns [(variables, bytes)] per ps task, from where they were placed."""
   loads = [(0, 0)] * num_ps

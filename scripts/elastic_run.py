@@ -1,0 +1,309 @@
+#!/usr/bin/env python3
+"""A synchronous job whose workers come and go, against one of fixed size.
+
+Runs 1 ps and the most workers --workers names as listed slots, on
+localhost: the first count of workers start with the ps; at each global
+step of --change_steps the job grows (the next slots start) or shrinks
+(the highest-numbered workers are killed with SIGKILL: lost, not stopped).
+Every update aggregates as many gradients as there are slots, so the
+examples per update and the learning rate's schedule never change. With
+--compare_fixed, each seed also runs the job with every slot from the start.
+Each run's chief is evaluated on the whole test set (--run_once):
+
+  python3 scripts/elastic_run.py --data_dir=./fashion-mnist-batches-bin \\
+      --work_dir=/tmp/elastic --workers=2,4,3 --change_steps=469,938 \\
+      --max_steps=1406 --seeds=0,1,2,3 --compare_fixed -- \\
+      --lr_schedule=cosine --lr_scaling=linear --warmup_steps=234
+
+Prints, per run, each phase's global steps, seconds and images/s (from the
+chief's progress lines; a phase that begins with a loss includes the stall
+until the chief gives the lost worker's token back: its longest pause;
+the second half's images/s leave it and a joiner's start out), the
+planner's prediction for the same workers each on a machine of its own
+(scripts/plan_cluster.py, from --step_ms), and the test accuracy; writes it
+all to WORK_DIR/elastic.json. The chief's `cluster_examples/sec` in
+TensorBoard (--logdir=WORK_DIR) draws each run's phases.
+"""
+
+import argparse
+from datetime import datetime
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+import plan_cluster
+from free_ports import free_ports
+
+SCRIPTS = os.path.dirname(os.path.abspath(__file__))
+TRAINER = os.path.join(os.path.dirname(SCRIPTS), 'train_distributed.py')
+PROGRESS = re.compile(r'^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}): step (\d+), '
+                      r'loss = ', re.M)
+POLL_SECS = 0.2
+
+
+def parse_args(argv):
+  parser = argparse.ArgumentParser(
+      description=__doc__.split('\n')[0],
+      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+  parser.add_argument('--data_dir', required=True)
+  parser.add_argument('--work_dir', required=True,
+                      help='each run\'s logs and train_dir go in here')
+  parser.add_argument('--workers', default='2,4,3',
+                      help='the workers running in each phase')
+  parser.add_argument('--change_steps', default='469,938',
+                      help='the global steps at which the phases change')
+  parser.add_argument('--max_steps', type=int, default=1406)
+  parser.add_argument('--batch_size', type=int, default=32)
+  parser.add_argument('--seeds', default='0', help='one run (or two) each')
+  parser.add_argument('--compare_fixed', action='store_true',
+                      help='also run every slot from the start, each seed')
+  parser.add_argument('--step_ms', type=float, default=None,
+                      help='a worker\'s step alone on its machine, for the '
+                      'planner (default: measured, one process, 150 steps)')
+  parser.add_argument('--link_gbit', type=float, default=10.0,
+                      help='the planner\'s link rate')
+  parser.add_argument('trainer_flags', nargs='*',
+                      help='after --: more flags for every task')
+  args = parser.parse_args(argv)
+  args.workers = [int(n) for n in args.workers.split(',')]
+  args.change_steps = [int(s) for s in args.change_steps.split(',') if s]
+  args.seeds = [int(s) for s in args.seeds.split(',')]
+  problem = usage_problem(args)
+  if problem:
+    parser.exit(2, 'Error: %s\n' % problem)
+  return args
+
+
+def usage_problem(args):
+  """One line saying what is wrong with the arguments, or None."""
+  if len(args.change_steps) != len(args.workers) - 1:
+    return ('--change_steps needs one step per change of --workers (%d), '
+            'got %d' % (len(args.workers) - 1, len(args.change_steps)))
+  if min(args.workers) < 1:
+    return '--workers must all be at least 1 (got %s)' % args.workers
+  if args.change_steps != sorted(set(args.change_steps)) or any(
+      not 0 < s < args.max_steps for s in args.change_steps):
+    return ('--change_steps must rise, each between 0 and --max_steps=%d '
+            '(got %s)' % (args.max_steps, args.change_steps))
+  return None
+
+
+class Job:
+  """The tasks of one run, each a process with its log in run_dir."""
+
+  def __init__(self, run_dir, flags):
+    self.run_dir, self.flags, self.procs = run_dir, flags, {}
+
+  def start(self, job_name, index, extra=()):
+    name = '%s%d' % (job_name, index)
+    with open(self.log_path(name), 'w') as log:
+      self.procs[name] = subprocess.Popen(
+          [sys.executable, TRAINER, '--job_name=' + job_name,
+           '--task_index=%d' % index] + self.flags + list(extra),
+          stdout=log, stderr=subprocess.STDOUT)
+
+  def log_path(self, name):
+    return os.path.join(self.run_dir, name + '.log')
+
+  def log(self, name):
+    with open(self.log_path(name)) as f:
+      return f.read()
+
+  def chief_steps(self):
+    """[(time, global step)] of the chief's progress lines so far."""
+    return [(datetime.strptime(t, '%Y-%m-%d %H:%M:%S.%f').timestamp(),
+             int(step)) for t, step in PROGRESS.findall(self.log('worker0'))]
+
+  def wait_for(self, predicate, what):
+    """Polls predicate until true; raises if the chief exits first."""
+    while not predicate():
+      if self.procs['worker0'].poll() is not None:
+        raise RuntimeError('the chief finished before %s (more --max_steps?); '
+                           'its log ends:\n%s' % (
+                               what, self.log('worker0')[-3000:]))
+      time.sleep(POLL_SECS)
+
+  def kill_all(self):
+    for proc in self.procs.values():
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def run_job(*, run_dir, data_dir, seed, workers, change_steps, max_steps,
+            batch_size, trainer_flags):
+  """Runs one job through its phases; returns its record (see main)."""
+  slots = max(workers)
+  ps_port, *worker_ports = free_ports(1 + slots)
+  train_dir = os.path.join(run_dir, 'train')
+  flags = ['--ps_hosts=localhost:%d' % ps_port,
+           '--worker_hosts=' + ','.join('localhost:%d' % p
+                                        for p in worker_ports),
+           '--data_dir=' + data_dir, '--train_dir=' + train_dir,
+           '--max_steps=%d' % max_steps, '--batch_size=%d' % batch_size,
+           '--seed=%d' % seed, '--log_frequency=5'] + trainer_flags
+  shutil.rmtree(run_dir, ignore_errors=True)  # A run of its own, no resume.
+  os.makedirs(run_dir)
+  job = Job(run_dir, flags)
+  changes = []  # (time, global step, workers now, what happened)
+  try:
+    job.start('ps', 0)
+    for i in reversed(range(workers[0])):
+      job.start('worker', i)
+    running = workers[0]
+    changes.append((time.time(), 0, running, 'started'))
+    for step, now in zip(change_steps, workers[1:]):
+      job.wait_for(lambda: job.chief_steps() and  # pylint: disable=cell-var-from-loop
+                   job.chief_steps()[-1][1] >= step, 'global step %d' % step)
+      what = []
+      while running < now:
+        job.start('worker', running)
+        what.append('worker %d started' % running)
+        running += 1
+      while running > now:
+        running -= 1
+        victim = 'worker%d' % running
+        # A worker lost before its first step is a slot never filled.
+        job.wait_for(lambda: PROGRESS.search(job.log(victim)),  # pylint: disable=cell-var-from-loop
+                     '%s\'s first progress line' % victim)
+        job.procs[victim].send_signal(signal.SIGKILL)
+        what.append('worker %d killed (-9)' % running)
+      changes.append((time.time(), job.chief_steps()[-1][1], running,
+                      ', '.join(what)))
+    codes = {name: job.procs[name].wait() for name in ['ps0'] + [
+        'worker%d' % i for i in range(running)]}
+    if set(codes.values()) != {0}:
+      raise RuntimeError('a task failed: %s; logs in %s' % (codes, run_dir))
+    accuracy = evaluate(job, train_dir)
+  finally:
+    job.kill_all()
+  return {'seed': seed, 'workers': workers, 'accuracy': accuracy,
+          'examples_per_update': slots * batch_size,
+          'phases': phases(job.chief_steps(), changes, slots * batch_size),
+          'changes': changes,
+          'lost_lines': re.findall(r'^Worker 0: (?:lost worker|worker \d+ at '
+                                   r'\S+ is back).*$', job.log('worker0'),
+                                   re.M)}
+
+
+def evaluate(job, train_dir):
+  """The chief's last checkpoint's test accuracy, on the whole test set."""
+  job.start('evaluator', 0, extra=['--run_once'])
+  if job.procs['evaluator0'].wait() != 0:
+    raise RuntimeError('the evaluator failed:\n' + job.log('evaluator0'))
+  with open(os.path.join(train_dir, 'eval', 'results.jsonl')) as f:
+    return json.loads(f.read().splitlines()[-1])['accuracy']
+
+
+def phases(progress, changes, examples_per_update):
+  """Each phase's steps, seconds, images/s and longest pause, from the
+  chief's (time, global step) progress lines and the changes made: a phase
+  runs from the line its change was made on to the next change's."""
+  out = []
+  for i, (start, _, workers, what) in enumerate(changes):
+    end = changes[i + 1][0] if i + 1 < len(changes) else float('inf')
+    lines = [(t, s) for t, s in progress if t < start][-1:] + [
+        (t, s) for t, s in progress if start <= t < end]
+    if len(lines) < 2:
+      out.append({'workers': workers, 'change': what, 'steps': None})
+      continue
+    (t0, s0), (t1, s1) = lines[0], lines[-1]
+    # The second half, once the job has settled: a joiner's start (its
+    # TensorFlow loading on the same cores) or a lost worker's stall
+    # comes in the first.
+    (h0, k0) = lines[len(lines) // 2] if len(lines) > 2 else (t0, s0)
+    out.append({
+        'workers': workers, 'change': what, 'steps': [s0, s1],
+        'secs': round(t1 - t0, 2),
+        'images_per_sec': round((s1 - s0) * examples_per_update / (t1 - t0),
+                                1),
+        'longest_pause_secs': round(max(
+            b[0] - a[0] for a, b in zip(lines, lines[1:])), 2),
+        'second_half_steps': [k0, s1],
+        'second_half_images_per_sec': round(
+            (s1 - k0) * examples_per_update / (t1 - h0), 1)})
+  return out
+
+
+def measure_step_ms(work_dir, data_dir, batch_size, trainer_flags):
+  """One process's step (second half of 150), ms: a worker on its own."""
+  train_dir = os.path.join(work_dir, 'one_process')
+  log_path = train_dir + '.log'
+  with open(log_path, 'w') as log:
+    code = subprocess.call(
+        [sys.executable, TRAINER, '--ps_hosts=', '--data_dir=' + data_dir,
+         '--train_dir=' + train_dir, '--fresh_start', '--max_steps=150',
+         '--batch_size=%d' % batch_size, '--log_frequency=5'] +
+        trainer_flags, stdout=log, stderr=subprocess.STDOUT)
+  with open(log_path) as f:
+    lines = [(datetime.strptime(t, '%Y-%m-%d %H:%M:%S.%f').timestamp(),
+              int(s)) for t, s in PROGRESS.findall(f.read())]
+  if code != 0 or len(lines) < 4:
+    raise RuntimeError('the one-process run failed; see ' + log_path)
+  (t0, s0), (t1, s1) = lines[len(lines) // 2], lines[-1]
+  return 1e3 * (t1 - t0) / (s1 - s0)
+
+
+def predicted(step_ms, workers, batch_size, link_gbit):
+  """The planner's images/s for `workers` sync workers, 1 ps."""
+  return round(workers * batch_size * 1e3 / plan_cluster.predict_step_ms(
+      step_ms, plan_cluster.MODEL_BYTES, 1.0, workers, link_gbit * 1e3), 1)
+
+
+def row(name, record):
+  phase_text = '; '.join(
+      '%d workers: steps %s, %s images/s%s' % (
+          p['workers'], '-'.join(map(str, p['steps'] or [])),
+          p.get('images_per_sec'),
+          ' (longest pause %.1f s; the second half %s images/s)' % (
+              p['longest_pause_secs'], p['second_half_images_per_sec'])
+          if p['steps'] else '') for p in record['phases'])
+  return '%s, seed %d: test accuracy %.4f; %s' % (
+      name, record['seed'], record['accuracy'], phase_text)
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  os.makedirs(args.work_dir, exist_ok=True)
+  step_ms = args.step_ms or measure_step_ms(
+      args.work_dir, args.data_dir, args.batch_size, args.trainer_flags)
+  result = {'step_ms': round(step_ms, 2), 'link_gbit': args.link_gbit,
+            'predicted_images_per_sec': {
+                n: predicted(step_ms, n, args.batch_size, args.link_gbit)
+                for n in sorted(set(args.workers))},
+            'elastic': [], 'fixed': []}
+  kinds = [('elastic', args.workers, args.change_steps)]
+  if args.compare_fixed:
+    kinds.append(('fixed', [max(args.workers)], []))
+  for seed in args.seeds:
+    for kind, workers, change_steps in kinds:
+      record = run_job(
+          run_dir=os.path.join(args.work_dir, '%s_seed%d' % (kind, seed)),
+          data_dir=args.data_dir, seed=seed, workers=workers,
+          change_steps=change_steps, max_steps=args.max_steps,
+          batch_size=args.batch_size, trainer_flags=args.trainer_flags)
+      result[kind].append(record)
+      print(row(kind, record), flush=True)
+  print('The planner, a worker\'s step %.1f ms, %g Gbit/s links: %s' % (
+      step_ms, args.link_gbit, ', '.join(
+          '%d workers %.0f images/s' % (n, v)
+          for n, v in result['predicted_images_per_sec'].items())))
+  for kind in ('elastic', 'fixed'):
+    if result[kind]:
+      accuracies = [r['accuracy'] for r in result[kind]]
+      print('%s: test accuracy median %.4f (%.4f-%.4f, %d runs)' % (
+          kind, statistics.median(accuracies), min(accuracies),
+          max(accuracies), len(accuracies)))
+  with open(os.path.join(args.work_dir, 'elastic.json'), 'w') as f:
+    json.dump(result, f, indent=1)
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,99 @@
+"""scripts/elastic_run.py: a job that grows and loses a worker, and one of
+fixed size, run end to end; what it reports is read again from the logs."""
+
+import json
+import os
+import re
+import sys
+
+from helpers import ROOT, run_in_group, suite_env
+import plan_cluster
+
+SCRIPT = os.path.join(ROOT, 'scripts', 'elastic_run.py')
+PROGRESS = re.compile(r'^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}): step (\d+), '
+                      r'loss = ', re.M)
+
+
+def run_script(*args):
+  """Runs the script; returns (exit status, output)."""
+  return run_in_group([sys.executable, SCRIPT] + list(args), timeout=600,
+                      env=suite_env())
+
+
+def chief_progress(run_dir):
+  """{global step: line time} of the chief's progress lines."""
+  from datetime import datetime  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(run_dir, 'worker0.log')) as f:
+    return {int(s): datetime.strptime(t, '%Y-%m-%d %H:%M:%S.%f').timestamp()
+            for t, s in PROGRESS.findall(f.read())}
+
+
+def test_a_job_of_1_then_2_then_1_worker_against_one_of_2(tiny_data,
+                                                           tmp_path):
+  work = str(tmp_path / 'work')
+  code, out = run_script(
+      '--data_dir=' + tiny_data, '--work_dir=' + work, '--workers=1,2,1',
+      '--change_steps=15,30', '--max_steps=300', '--batch_size=16',
+      '--step_ms=10', '--compare_fixed', '--',
+      '--lost_worker_secs=2', '--num_preprocess_threads=2')
+  assert code == 0, out
+  with open(os.path.join(work, 'elastic.json')) as f:
+    result = json.load(f)
+  elastic, = result['elastic']
+  fixed, = result['fixed']
+  # Two slots: every update aggregates 2 gradients of 16.
+  assert elastic['examples_per_update'] == fixed['examples_per_update'] == 32
+  phases = elastic['phases']
+  assert [(p['workers'], p['change']) for p in phases] == [
+      (1, 'started'), (2, 'worker 1 started'), (1, 'worker 1 killed (-9)')]
+  assert [(p['workers'], p['change']) for p in fixed['phases']] == [
+      (2, 'started')]
+  # Each change was made at or after its step; the phases follow each
+  # other; each one's images/s is its steps x 32 over the time between the
+  # chief's two progress lines that bound it.
+  run_dir = os.path.join(work, 'elastic_seed0')
+  times = chief_progress(run_dir)
+  assert phases[1]['steps'][0] >= 15 and phases[2]['steps'][0] >= 30
+  for before, after in zip(phases, phases[1:]):
+    assert before['steps'][1] == after['steps'][0]
+  for p in phases:
+    start, end = p['steps']
+    assert p['images_per_sec'] == round(
+        (end - start) * 32 / (times[end] - times[start]), 1), p
+    # Its longest pause between two progress lines; its second half.
+    steps = sorted(s for s in times if start <= s <= end)
+    assert p['longest_pause_secs'] == round(max(
+        times[b] - times[a] for a, b in zip(steps, steps[1:])), 2), p
+    half = steps[len(steps) // 2] if len(steps) > 2 else start
+    assert p['second_half_steps'] == [half, end], p
+    assert p['second_half_images_per_sec'] == round(
+        (end - half) * 32 / (times[end] - times[half]), 1), p
+  # The joiner trained before it was killed. (The chief names it lost once
+  # its port has refused for 2 s, if the run lasts that long after it.)
+  with open(os.path.join(run_dir, 'worker1.log')) as f:
+    assert PROGRESS.search(f.read())
+  assert all(line.startswith('Worker 0: lost worker 1 at localhost:')
+             for line in elastic['lost_lines']), elastic['lost_lines']
+  # The accuracy is the evaluator's line, on the last checkpoint.
+  for kind, record in (('elastic', elastic), ('fixed', fixed)):
+    with open(os.path.join(work, kind + '_seed0', 'evaluator0.log')) as f:
+      line = re.search(r': step 300, loss = \S+ ,Test accuracy = (\S+) ',
+                       f.read())
+    assert line and '%.4f' % record['accuracy'] == line.group(1), kind
+    assert ('%s: test accuracy median %.4f' % (kind, record['accuracy'])
+            in out), out
+  # The planner's images/s for 1 and 2 workers of 16, a 10 ms step, 10
+  # Gbit/s links, 1 ps.
+  assert result['predicted_images_per_sec'] == {
+      str(n): round(n * 16e3 / plan_cluster.predict_step_ms(
+          10, plan_cluster.MODEL_BYTES, 1.0, n, 10e3), 1) for n in (1, 2)}
+
+
+def test_a_change_without_its_step_is_one_line(tmp_path):
+  code, out = run_script('--data_dir=' + str(tmp_path), '--work_dir=' +
+                         str(tmp_path / 'w'), '--workers=2,4',
+                         '--change_steps=10,20')
+  assert code == 2
+  assert out == ('Error: --change_steps needs one step per change of '
+                 '--workers (1), got 2\n')
+  assert not os.path.exists(tmp_path / 'w')
