@@ -71,17 +71,40 @@ def parse_args(argv):
   parser.add_argument('trainer_flags', nargs='*',
                       help='after --: more flags for every task')
   args = parser.parse_args(argv)
-  args.workers = [int(n) for n in args.workers.split(',')]
-  args.change_steps = [int(s) for s in args.change_steps.split(',') if s]
-  args.seeds = [int(s) for s in args.seeds.split(',')]
-  problem = usage_problem(args)
+  try:
+    args.workers = int_list(args.workers, '--workers')
+    args.change_steps = (int_list(args.change_steps, '--change_steps')
+                         if args.change_steps else [])
+    args.seeds = int_list(args.seeds, '--seeds')
+    problem = usage_problem(args)
+  except ValueError as e:
+    problem = str(e)
   if problem:
     parser.exit(2, 'Error: %s\n' % problem)
   return args
 
 
+def int_list(text, name):
+  """[int] from 'a,b,c'; ValueError with the flag's name."""
+  try:
+    return [int(n) for n in text.split(',')]
+  except ValueError:
+    raise ValueError('%s must be whole numbers separated by commas (got %r)'
+                     % (name, text)) from None
+
+
 def usage_problem(args):
   """One line saying what is wrong with the arguments, or None."""
+  if args.max_steps < 1 or args.batch_size < 1:
+    return '--max_steps and --batch_size must be at least 1'
+  if args.step_ms is not None and args.step_ms <= 0:
+    return '--step_ms must be above 0 (leave it out to measure it)'
+  fixed = [f for f in args.trainer_flags if f.split('=')[0] in (
+      '--replicas_to_aggregate', '--nosync_replicas', '--sync_replicas',
+      '--worker_hosts', '--ps_hosts', '--max_steps', '--batch_size')]
+  if fixed:
+    return ('%s: this script sets it (every update takes a gradient per '
+            'listed slot); drop it from the trainer\'s flags' % fixed[0])
   if len(args.change_steps) != len(args.workers) - 1:
     return ('--change_steps needs one step per change of --workers (%d), '
             'got %d' % (len(args.workers) - 1, len(args.change_steps)))
@@ -102,7 +125,7 @@ class Job:
 
   def start(self, job_name, index, extra=()):
     name = '%s%d' % (job_name, index)
-    with open(self.log_path(name), 'w') as log:
+    with open(self.log_path(name), 'a') as log:  # A slot started again.
       self.procs[name] = subprocess.Popen(
           [sys.executable, TRAINER, '--job_name=' + job_name,
            '--task_index=%d' % index] + self.flags + list(extra),
@@ -120,14 +143,37 @@ class Job:
     return [(datetime.strptime(t, '%Y-%m-%d %H:%M:%S.%f').timestamp(),
              int(step)) for t, step in PROGRESS.findall(self.log('worker0'))]
 
-  def wait_for(self, predicate, what):
-    """Polls predicate until true; raises if the chief exits first."""
-    while not predicate():
-      if self.procs['worker0'].poll() is not None:
-        raise RuntimeError('the chief finished before %s (more --max_steps?); '
-                           'its log ends:\n%s' % (
-                               what, self.log('worker0')[-3000:]))
+  def reached(self, step):
+    """Whether the chief's progress lines have reached global step."""
+    steps = self.chief_steps()
+    return bool(steps) and steps[-1][1] >= step
+
+  def trained(self, name):
+    """Whether the task name has printed a progress line."""
+    return bool(PROGRESS.search(self.log(name)))
+
+  def wait_for(self, predicate, arg, what, running):
+    """Polls predicate(arg) until true; raises if one of the tasks named
+    in running exits first."""
+    while not predicate(arg):
+      ended = [n for n in running if self.procs[n].poll() is not None]
+      if ended:
+        raise RuntimeError('%s exited (status %s) before %s (more '
+                           '--max_steps?); its log ends:\n%s' % (
+                               ended[0], self.procs[ended[0]].returncode,
+                               what, self.log(ended[0])[-3000:]))
       time.sleep(POLL_SECS)
+
+  def wait_all(self, names, timeout):
+    """{name: exit status} once each has exited; raises if one has not
+    within timeout seconds (from this call)."""
+    deadline = time.time() + timeout
+    try:
+      return {n: self.procs[n].wait(max(0.1, deadline - time.time()))
+              for n in names}
+    except subprocess.TimeoutExpired as e:
+      raise RuntimeError('still running %d s after the chief: %s; logs in %s'
+                         % (timeout, e.cmd, self.run_dir)) from None
 
   def kill_all(self):
     for proc in self.procs.values():
@@ -159,8 +205,8 @@ def run_job(*, run_dir, data_dir, seed, workers, change_steps, max_steps,
     running = workers[0]
     changes.append((time.time(), 0, running, 'started'))
     for step, now in zip(change_steps, workers[1:]):
-      job.wait_for(lambda: job.chief_steps() and  # pylint: disable=cell-var-from-loop
-                   job.chief_steps()[-1][1] >= step, 'global step %d' % step)
+      tasks = ['ps0'] + ['worker%d' % i for i in range(running)]
+      job.wait_for(job.reached, step, 'global step %d' % step, tasks)
       what = []
       while running < now:
         job.start('worker', running)
@@ -170,14 +216,16 @@ def run_job(*, run_dir, data_dir, seed, workers, change_steps, max_steps,
         running -= 1
         victim = 'worker%d' % running
         # A worker lost before its first step is a slot never filled.
-        job.wait_for(lambda: PROGRESS.search(job.log(victim)),  # pylint: disable=cell-var-from-loop
-                     '%s\'s first progress line' % victim)
+        job.wait_for(job.trained, victim, victim + '\'s first progress line',
+                     tasks)
         job.procs[victim].send_signal(signal.SIGKILL)
         what.append('worker %d killed (-9)' % running)
       changes.append((time.time(), job.chief_steps()[-1][1], running,
                       ', '.join(what)))
-    codes = {name: job.procs[name].wait() for name in ['ps0'] + [
-        'worker%d' % i for i in range(running)]}
+    tasks = ['worker%d' % i for i in range(running)] + ['ps0']
+    job.wait_for(lambda _: job.procs['worker0'].poll() is not None, None,
+                 'the chief\'s end', ['ps0'])
+    codes = job.wait_all(tasks, timeout=120)
     if set(codes.values()) != {0}:
       raise RuntimeError('a task failed: %s; logs in %s' % (codes, run_dir))
     accuracy = evaluate(job, train_dir)
@@ -250,10 +298,11 @@ def measure_step_ms(work_dir, data_dir, batch_size, trainer_flags):
   return 1e3 * (t1 - t0) / (s1 - s0)
 
 
-def predicted(step_ms, workers, batch_size, link_gbit):
+def predicted(step_ms, workers, batch_size, link_gbit, dtype_bytes):
   """The planner's images/s for `workers` sync workers, 1 ps."""
   return round(workers * batch_size * 1e3 / plan_cluster.predict_step_ms(
-      step_ms, plan_cluster.MODEL_BYTES, 1.0, workers, link_gbit * 1e3), 1)
+      step_ms, plan_cluster.MODEL_BYTES, 1.0, workers, link_gbit * 1e3,
+      dtype_bytes), 1)
 
 
 def row(name, record):
@@ -273,9 +322,11 @@ def main(argv=None):
   os.makedirs(args.work_dir, exist_ok=True)
   step_ms = args.step_ms or measure_step_ms(
       args.work_dir, args.data_dir, args.batch_size, args.trainer_flags)
+  dtype_bytes = 2 if '--transfer_dtype=bfloat16' in args.trainer_flags else 4
   result = {'step_ms': round(step_ms, 2), 'link_gbit': args.link_gbit,
             'predicted_images_per_sec': {
-                n: predicted(step_ms, n, args.batch_size, args.link_gbit)
+                n: predicted(step_ms, n, args.batch_size, args.link_gbit,
+                             dtype_bytes)
                 for n in sorted(set(args.workers))},
             'elastic': [], 'fixed': []}
   kinds = [('elastic', args.workers, args.change_steps)]
@@ -290,6 +341,8 @@ def main(argv=None):
           batch_size=args.batch_size, trainer_flags=args.trainer_flags)
       result[kind].append(record)
       print(row(kind, record), flush=True)
+      with open(os.path.join(args.work_dir, 'elastic.json'), 'w') as f:
+        json.dump(result, f, indent=1)  # So far: a later run may fail.
   print('The planner, a worker\'s step %.1f ms, %g Gbit/s links: %s' % (
       step_ms, args.link_gbit, ', '.join(
           '%d workers %.0f images/s' % (n, v)
@@ -300,8 +353,6 @@ def main(argv=None):
       print('%s: test accuracy median %.4f (%.4f-%.4f, %d runs)' % (
           kind, statistics.median(accuracies), min(accuracies),
           max(accuracies), len(accuracies)))
-  with open(os.path.join(args.work_dir, 'elastic.json'), 'w') as f:
-    json.dump(result, f, indent=1)
   return 0
 
 

@@ -59,6 +59,12 @@ def known_environ(environ):
   return {k: v for k, v in environ.items() if not from_caller(k)}
 
 
+# A suite started in the background by a shell without job control (`pytest
+# &` in a script, nohup) inherits SIGINT ignored, and so would every process
+# it starts: the tests of Ctrl-C need it delivered, as in a terminal.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+  signal.signal(signal.SIGINT, signal.default_int_handler)
+
 # What the caller exported and the suite dropped (pytest's header says it).
 DROPPED_FROM_CALLER = {k: os.environ.pop(k) for k in list(os.environ)
                        if from_caller(k)}
@@ -148,7 +154,7 @@ class ForkedProcess:
     return self.returncode
 
   def send_signal(self, signum):
-    if self.poll() is None and self._pidfd is not None:
+    if still_running(self) and self._pidfd is not None:
       try:
         signal.pidfd_send_signal(self._pidfd, signum)
       except ProcessLookupError:
@@ -305,11 +311,23 @@ class Processes:
   def kill_all(self):
     """Kills every process still running, then reaps them: none of them
     is left to run on while another is waited for."""
-    running = [p for p in self.procs.values() if p.poll() is None]
+    running = [p for p in self.procs.values() if still_running(p)]
     for proc in running:
       proc.kill()  # By PID, or the fork server's by pidfd.
     for proc in running:
-      proc.wait(60)
+      try:
+        proc.wait(60)
+      except RuntimeError:
+        pass  # The fork server is gone: it cannot say the status.
+
+
+def still_running(proc):
+  """Whether proc has not exited; a forked task whose fork server is gone
+  (its status unknown) counts as running, to be killed."""
+  try:
+    return proc.poll() is None
+  except RuntimeError:
+    return True
 
 
 def wait_until(predicate, timeout, what, procs):
@@ -334,6 +352,10 @@ def run_in_group(command, timeout, **popen_args):
                           start_new_session=True, **popen_args)
   try:
     out, _ = proc.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, signal.SIGKILL)
+    out = proc.communicate()[0] + '\n(killed: still running after %d s)' % (
+        timeout)
   finally:
     try:
       os.killpg(proc.pid, signal.SIGKILL)

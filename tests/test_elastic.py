@@ -73,18 +73,21 @@ def lose_worker_2(procs, flags, num_ps):
               if l.startswith(line))
 
 
-@pytest.mark.parametrize('num_ps', [1, 2])
+@pytest.mark.parametrize('num_ps, replicas, share', [
+    (1, 3, 'compute its share of each update of 3 gradients'),
+    (2, 3, 'compute its share of each update of 3 gradients'),
+    (1, 2, 'make each update of 2 gradients')],
+                         ids=['1ps', '2ps', '1ps_backup'])
 def test_a_synchronous_worker_lost_for_good_does_not_stop_the_run(
-    procs, tiny_data, tmp_path, num_ps):
+    procs, tiny_data, tmp_path, num_ps, replicas, share):
   train_dir = str(tmp_path / 'train')
-  flags = cluster_flags(tiny_data, train_dir, num_workers=3,
-                        num_ps=num_ps) + ['--max_steps=60'] + LOST
+  flags = cluster_flags(tiny_data, train_dir, num_workers=3, num_ps=num_ps) + [
+      '--max_steps=60', '--replicas_to_aggregate=%d' % replicas] + LOST
   workers = hosts(flags, 'worker_hosts')
   line = lose_worker_2(procs, flags, num_ps)
   assert line == (
       'Worker 0: lost worker 2 at %s (Connection refused for 3 s); the 2 '
-      'left compute its share of each update of 3 gradients; start it again '
-      'and it rejoins' % workers[2])
+      'left %s; start it again and it rejoins' % (workers[2], share))
   expected = {'ps%d' % i: 0 for i in range(num_ps)}
   expected.update(worker0=0, worker1=0)
   assert procs.wait_all(timeout=600) == expected, procs.tails()

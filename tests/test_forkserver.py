@@ -40,19 +40,26 @@ def test_trainer_tasks_come_from_the_fork_server(procs, tiny_data, tmp_path):
 
 
 # Run by a Python of its own (the caller's shell, in effect): imports the
-# suite's helpers, starts a task as a test does, and prints the task's
-# environment and the fork server's.
+# suite's helpers, starts a task as a test does (from the fork server, or
+# afresh with TESTS_FORKSERVER=0), and prints its environment and the fork
+# server's, as the kernel holds them.
 PROBE = r"""
-import json, sys
+import json, os, sys
 sys.path.insert(0, sys.argv[1])
 import helpers
+SHOW = 'import json, os; print("TASK " + json.dumps(dict(os.environ)))'
 procs = helpers.Processes(sys.argv[2])
 try:
-  procs.trainer('probe', fault='import json, os; print("TASK " + '
-                'json.dumps(dict(os.environ)), flush=True); os._exit(0)')
+  if helpers.USE_FORKSERVER:
+    procs.trainer('probe', fault=SHOW + '; os._exit(0)')
+  else:
+    procs.start('probe', ['-c', SHOW])
   assert procs.procs['probe'].wait(120) == 0, procs.log('probe')
   print(procs.log('probe'))
-  print('SERVER ' + json.dumps(helpers.SERVER_ENV))
+  if helpers.FORK_SERVER.proc:
+    with open('/proc/%d/environ' % helpers.FORK_SERVER.proc.pid) as f:
+      print('SERVER ' + json.dumps(dict(
+          v.split('=', 1) for v in f.read().split('\0') if '=' in v)))
 finally:
   procs.kill_all()
   helpers.FORK_SERVER.stop()
@@ -69,15 +76,15 @@ def test_the_callers_tensorflow_variables_reach_no_task(tmp_path):
             'TF_GPU_ALLOCATOR': 'cuda_malloc_async', 'GRPC_VERBOSITY': 'debug',
             'https_proxy': 'http://proxy.invalid:3128',
             'SUITE_PROBE': 'passed on'}
-  result = subprocess.run(
+  code, out = helpers.run_in_group(
       [sys.executable, '-c', PROBE, os.path.join(helpers.ROOT, 'tests'),
-       str(tmp_path)], env=dict(os.environ, **caller), capture_output=True,
-      text=True, timeout=300)
-  assert result.returncode == 0, result.stdout + result.stderr
+       str(tmp_path)], timeout=300, env=dict(os.environ, **caller))
+  assert code == 0, out
   seen = {line.split(' ', 1)[0]: json.loads(line.split(' ', 1)[1])
-          for line in result.stdout.splitlines()
+          for line in out.splitlines()
           if line.startswith(('TASK ', 'SERVER '))}
-  assert set(seen) == {'TASK', 'SERVER'}, result.stdout
+  assert set(seen) == ({'TASK', 'SERVER'} if helpers.USE_FORKSERVER
+                       else {'TASK'}), out
   for name, environ in seen.items():
     assert environ['SUITE_PROBE'] == 'passed on', name
     assert not set(caller) - {'SUITE_PROBE'} & set(environ), (name, environ)

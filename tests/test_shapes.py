@@ -154,7 +154,8 @@ def assert_traced(procs, train_dir, shape):
         op = re.sub(r'^_Mkl(Native)?', '', e['args']['op'])
         ops.setdefault(rows[e['pid']], set()).add(op)
     worker = '/job:worker/replica:0/task:%d/device:CPU:0 Compute' % i
-    assert {'Conv2D', 'Conv2DBackpropFilter', 'RecvTensor'} <= ops[worker]
+    assert {'Conv2D', 'Conv2DBackpropFilter', 'RecvTensor'} <= ops.get(
+        worker, set()), sorted(ops)
     # Each weight crosses once per step (not again for its regularizer):
     # the model's float32 bytes, and a few small tensors.
     pulled = int(line.group(1))

@@ -85,7 +85,9 @@ def test_the_chief_writes_the_clusters_examples_per_second(procs, tiny_data,
   of the chief's points (each 5 of its own steps) the cluster's rate is its
   own times the global steps between them x 32 / (5 x 16)."""
   train_dir = str(tmp_path / 'train')
-  flags = cluster_flags(tiny_data, train_dir) + ['--max_steps=30']
+  # The chief supplies at least a few of the 200 gradients, whichever
+  # worker is faster: 3 points, 2 spans between them.
+  flags = cluster_flags(tiny_data, train_dir) + ['--max_steps=100']
   start_cluster(procs, flags)
   assert set(procs.wait_all(timeout=180).values()) == {0}, procs.tails()
   points = {}
@@ -94,8 +96,9 @@ def test_the_chief_writes_the_clusters_examples_per_second(procs, tiny_data,
       for value in event.summary.value:
         points.setdefault(value.tag, {})[event.step] = value.simple_value
   own, cluster = points['examples/sec'], points['cluster_examples/sec']
-  assert sorted(cluster) == sorted(own) and len(own) >= 5, points
-  steps = [0] + sorted(own)
+  assert sorted(cluster) == sorted(own) and len(own) >= 3, points
+  # (Not from 0: worker 1 may have updated before the chief's first step.)
+  steps = sorted(own)
   for before, step in zip(steps, steps[1:]):
     assert cluster[step] == pytest.approx(
         own[step] * (step - before) * 32 / (5 * 16), rel=1e-5), (step, points)

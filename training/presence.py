@@ -205,11 +205,11 @@ class LostWorkersHook(tf1.train.SessionRunHook):
     seen, lost, since = set(), set(), {}
     owed, stalled = set(), []  # The lost whose token is not back yet.
     while True:
-      down = {i: why for i, _, why in cluster_runtime.unreachable(
-          self._hosts[1:], timeout=1.0)}
+      down = {i + 1: why for i, _, why in cluster_runtime.unreachable(
+          self._hosts[1:], timeout=1.0)}  # By worker index: the chief is 0.
       now = time.time()
       for i in range(1, len(self._hosts)):
-        if i - 1 not in down:
+        if i not in down:
           if i in lost:
             lost.discard(i)
             owed.discard(i)
@@ -223,7 +223,7 @@ class LostWorkersHook(tf1.train.SessionRunHook):
             lost.add(i)
             if self._replicas:
               owed.add(i)
-            print(self._lost_line(i, down[i - 1], len(lost)), flush=True)
+            print(self._lost_line(i, down[i], len(lost)), flush=True)
       if len(seen) < len(self._hosts) - 1:
         seen = self._watched(seen)
       if owed and self._give_back_token(stalled):
@@ -232,9 +232,14 @@ class LostWorkersHook(tf1.train.SessionRunHook):
 
   def _lost_line(self, i, why, num_lost):
     left = len(self._hosts) - num_lost
-    share = ('the %d left compute its share of each update of %d gradients'
-             % (left, self._replicas) if self._replicas else
-             'the %d left train on' % left)
+    if not self._replicas:
+      share = 'the %d left train on' % left
+    elif left >= self._replicas:  # It was a backup: nothing to make up.
+      share = 'the %d left make each update of %d gradients' % (
+          left, self._replicas)
+    else:
+      share = 'the %d left compute its share of each update of %d gradients' % (
+          left, self._replicas)
     return ('Worker 0: lost worker %d at %s (%s for %d s); %s; start it again '
             'and it rejoins' % (i, self._hosts[i], why, self._lost_secs,
                                 share))
