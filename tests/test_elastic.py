@@ -44,12 +44,14 @@ def stopped(pid):
     return f.read().rsplit(')', 1)[1].split()[0] == 'T'
 
 
-def lose_worker_2(procs, flags, num_ps):
+def lose_worker_2(procs, flags, num_ps, signum=signal.SIGKILL):
   """Starts num_ps ps tasks and 3 workers; worker 2, after 10 steps,
   holding the token of its next step, stops the ps tasks and itself; it is
-  then killed (-9) and never started again. Returns the chief's line that
-  names it. The ps tasks stay stopped until that line: the run cannot end
-  before the chief sees the loss, however fast the machine."""
+  then killed (-9), or sent signum and let go on to handle it (SIGTERM: a
+  worker stopped, as Kubernetes scales a Job down), and never started
+  again. Returns the chief's line that names it. The ps tasks stay stopped
+  until that line: the run cannot end before the chief sees the loss,
+  however fast the machine."""
   for i in range(num_ps):
     procs.trainer('ps%d' % i, '--job_name=ps', '--task_index=%d' % i, *flags)
   ps_pids = [procs.procs['ps%d' % i].pid for i in range(num_ps)]
@@ -61,7 +63,14 @@ def lose_worker_2(procs, flags, num_ps):
   try:
     wait_until(lambda: stopped(procs.procs['worker2'].pid), 300,
                'worker 2 stopping after 10 steps', procs)
-    kill9(procs, 'worker2')
+    if signum == signal.SIGKILL:
+      kill9(procs, 'worker2')
+    else:
+      procs.procs['worker2'].send_signal(signum)
+      procs.procs['worker2'].send_signal(signal.SIGCONT)
+      assert procs.procs['worker2'].wait(60) == 128 + signum
+      assert procs.log('worker2').endswith(
+          'Worker 2: %s; exiting\n' % signal.Signals(signum).name)
     del procs.procs['worker2']
     line = 'Worker 0: lost worker 2 at %s (Connection refused for 3 s); ' % (
         hosts(flags, 'worker_hosts')[2])
@@ -73,18 +82,19 @@ def lose_worker_2(procs, flags, num_ps):
               if l.startswith(line))
 
 
-@pytest.mark.parametrize('num_ps, replicas, share', [
-    (1, 3, 'compute its share of each update of 3 gradients'),
-    (2, 3, 'compute its share of each update of 3 gradients'),
-    (1, 2, 'make each update of 2 gradients')],
-                         ids=['1ps', '2ps', '1ps_backup'])
+@pytest.mark.parametrize('num_ps, replicas, share, signum', [
+    (1, 3, 'compute its share of each update of 3 gradients', signal.SIGKILL),
+    (2, 3, 'compute its share of each update of 3 gradients', signal.SIGKILL),
+    (1, 2, 'make each update of 2 gradients', signal.SIGKILL),
+    (1, 3, 'compute its share of each update of 3 gradients', signal.SIGTERM)],
+                         ids=['1ps', '2ps', '1ps_backup', '1ps_stopped'])
 def test_a_synchronous_worker_lost_for_good_does_not_stop_the_run(
-    procs, tiny_data, tmp_path, num_ps, replicas, share):
+    procs, tiny_data, tmp_path, num_ps, replicas, share, signum):
   train_dir = str(tmp_path / 'train')
   flags = cluster_flags(tiny_data, train_dir, num_workers=3, num_ps=num_ps) + [
       '--max_steps=60', '--replicas_to_aggregate=%d' % replicas] + LOST
   workers = hosts(flags, 'worker_hosts')
-  line = lose_worker_2(procs, flags, num_ps)
+  line = lose_worker_2(procs, flags, num_ps, signum)
   assert line == (
       'Worker 0: lost worker 2 at %s (Connection refused for 3 s); the 2 '
       'left %s; start it again and it rejoins' % (workers[2], share))
