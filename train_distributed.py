@@ -306,10 +306,11 @@ def train_worker(task, cluster):
   # Only now, with the data checked and the port ours, touch train_dir: a
   # mistake on the command line must not cost a --fresh_start deletion.
   checkpoints.prepare(train_dir, is_chief, FLAGS.fresh_start)
+  shadows = cifar10_model.averages_of_weights()
   resume = (session.chief_start(
       train_dir, data_layout.identity(FLAGS.data_dir), FLAGS.new_data,
-      FLAGS.max_steps, len(task.ps_hosts), graph.schedule,
-      cifar10_model.averages_of_weights()) if is_chief else None)
+      FLAGS.max_steps, len(task.ps_hosts), graph.schedule, shadows)
+            if is_chief else None)
   scaffold = train_graph.scaffold(graph)
   hooks = worker_hooks.in_order(
       graph=graph, scaffold=scaffold, train_dir=train_dir, task=task,
@@ -321,8 +322,7 @@ def train_worker(task, cluster):
       trace_steps=[int(s) for s in FLAGS.trace_steps])
   try:
     last_step = run_session(graph, session.SessionCreator(
-        scaffold, master, config, task, train_dir, resume,
-        cifar10_model.averages_of_weights()), hooks,
+        scaffold, master, config, task, train_dir, resume, shadows), hooks,
                             task_index, train_dir)
   except tf1.train.NanLossDuringTrainingError:
     print('Error: the model diverged with loss = NaN; the last good '

@@ -24,8 +24,7 @@ DROPOUT_KEEP_PROB = 0.8  # The reference's.
 # The tensors and ops a worker's session loop and hooks need.
 TrainingGraph = collections.namedtuple(
     'TrainingGraph',
-    'global_step loss accuracy step_after sync_opt loss_scaling '
-    'learning_rate schedule')
+    'global_step loss accuracy step_after sync_opt loss_scaling schedule')
 
 
 def devices(*, cluster, task_index, num_gpus):
@@ -105,7 +104,7 @@ def build(*, images, labels, num_ps, is_chief, schedule, sync=None,
   tf1.summary.scalar('accuracy', accuracy)
   tf1.summary.scalar('learning_rate', lr)
   return TrainingGraph(global_step, loss, accuracy, step_after,
-                       opt if sync else None, scaled, lr, schedule)
+                       opt if sync else None, scaled, schedule)
 
 
 def optimizer(*, lr, global_step, sync, loss_scale, loss_scale_period):

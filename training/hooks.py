@@ -112,7 +112,12 @@ class CheckpointSaverHook(tf1.train.SessionRunHook):
       raise checkpoints.write_failure(
           self._train_dir, session.run(self._global_step), e) from e
 
+  def before_run(self, run_context):
+    return tf1.train.SessionRunArgs(self._global_step)  # Read in the step.
+
   def after_run(self, run_context, run_values):
+    if run_values.results + 1 < self._last_saved + self._save_steps:
+      return  # Not near a save: no read of its own on the step's path.
     # Read after the step: in a cluster others move the global step too.
     step = run_context.session.run(self._global_step)
     if step >= self._last_saved + self._save_steps:

@@ -109,9 +109,9 @@ def mixed_precision_line(task_index, dtype, num_gpus):
 
 def mixed_precision_hint(task_index, num_gpus, cpuinfo='/proc/cpuinfo'):
   """The one line a CPU worker started without --mixed_precision prints on
-  a CPU with AMX-BF16, where the flag was measured at 1.70x; None anywhere
-  else (a GPU worker; a CPU with AVX512_BF16 alone, 1.23x on a Zen 4, where
-  the flag is worth a try but no hint is given)."""
+  a CPU with AMX-BF16, where the flag pays most (docs/performance.md); None
+  anywhere else (a GPU worker; a CPU with AVX512_BF16 alone, where the flag
+  is worth a try but gains less: no hint is given)."""
   if num_gpus or 'amx_bf16' not in (cpu_bf16_flags(cpuinfo) or ()):
     return None
   return ('Worker %d: this CPU has AMX-BF16: --mixed_precision would be '
@@ -135,9 +135,7 @@ class LossScaled(tf1.train.Optimizer):
     accumulators count steps themselves (each take_grad moves theirs on by
     one) and drop gradients computed at an older global step as stale: had
     the global step stayed, every worker's next gradients would have been
-    dropped and the cluster would have waited forever (measured with
-    TensorFlow's optimizer: a synchronous run stopped at its first
-    overflow).
+    dropped and the cluster would have waited forever.
   * Nothing is applied under a cond: each gradient is checked where it was
     aggregated, on its variable's ps, and replaced by zeros when any
     overflowed, which leaves SGD's weights exactly as they were (not a

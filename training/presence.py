@@ -1,9 +1,10 @@
 """Who of the cluster is there: the workers that joined, and the chief.
 
-Two session hooks that watch from threads and name what is missing, as
+Three session hooks that watch from threads and name what is missing, as
 cluster_runtime.WaitReporter does before the session: JoinedWorkersHook,
 the listed workers a synchronous chief goes on without; ChiefWatchHook, a
-lost chief, for which the other workers wait.
+lost chief, for which the other workers wait; LostWorkersHook, the chief's
+watch on workers lost for good, whose token it gives back.
 """
 
 import threading
