@@ -171,11 +171,16 @@ def stop(procs):
       proc.wait()
 
 
+def progress_lines(text):
+  """[(time, global step)] of the progress lines in a worker's output."""
+  return [(datetime.strptime(t, '%Y-%m-%d %H:%M:%S.%f').timestamp(),
+           int(step)) for t, step in PROGRESS.findall(text)]
+
+
 def progress_times(path):
   """The times of the progress lines in a worker's log."""
   with open(path) as f:
-    return [datetime.strptime(t, '%Y-%m-%d %H:%M:%S.%f').timestamp()
-            for t, _ in PROGRESS.findall(f.read())]
+    return [t for t, _ in progress_lines(f.read())]
 
 
 def steady_state(lines, batch_size):

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""A synchronous job whose workers come and go, against one of fixed size.
+"""A job whose workers come and go, against one of fixed size.
 
-Runs 1 ps and the most workers --workers names as listed slots, on
-localhost: the first count of workers start with the ps; at each global
-step of --change_steps the job grows (the next slots start) or shrinks
-(the highest-numbered workers are killed with SIGKILL: lost, not stopped).
-Every update aggregates as many gradients as there are slots, so the
-examples per update and the learning rate's schedule never change. With
+Runs --num_ps ps tasks and the most workers --workers names as listed
+slots, on localhost: the first count of workers start with the ps tasks; at
+each global step of --change_steps the job grows (the next slots start) or
+shrinks (the highest-numbered workers are killed with SIGKILL: lost, not
+stopped). In synchronous training every update aggregates as many gradients
+as there are slots, so the examples per update and the learning rate's
+schedule never change (after --, --nosync_replicas trains asynchronously:
+each global step is one worker's batch). With
 --compare_fixed, each seed also runs the job with every slot from the start.
 Each run's chief is evaluated on the whole test set (--run_once):
 
@@ -20,13 +22,14 @@ chief's progress lines; a phase that begins with a loss includes the stall
 until the chief gives the lost worker's token back: its longest pause;
 the second half's images/s leave it and a joiner's start out), the
 planner's prediction for the same workers each on a machine of its own
-(scripts/plan_cluster.py, from --step_ms), and the test accuracy; writes it
+(scripts/plan_cluster.py, from --step_ms; synchronous training only), and
+the test accuracy; writes it
 all to WORK_DIR/elastic.json. The chief's `cluster_examples/sec` in
 TensorBoard (--logdir=WORK_DIR) draws each run's phases.
 """
 
 import argparse
-from datetime import datetime
+import functools
 import json
 import os
 import re
@@ -37,13 +40,12 @@ import subprocess
 import sys
 import time
 
+from benchmark_runs import PROGRESS, progress_lines, run_training, stop
 import plan_cluster
 from free_ports import free_ports
 
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 TRAINER = os.path.join(os.path.dirname(SCRIPTS), 'train_distributed.py')
-PROGRESS = re.compile(r'^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}): step (\d+), '
-                      r'loss = ', re.M)
 POLL_SECS = 0.2
 
 
@@ -58,6 +60,7 @@ def parse_args(argv):
                       help='the workers running in each phase')
   parser.add_argument('--change_steps', default='469,938',
                       help='the global steps at which the phases change')
+  parser.add_argument('--num_ps', type=int, default=1)
   parser.add_argument('--max_steps', type=int, default=1406)
   parser.add_argument('--batch_size', type=int, default=32)
   parser.add_argument('--seeds', default='0', help='one run (or two) each')
@@ -95,13 +98,12 @@ def int_list(text, name):
 
 def usage_problem(args):
   """One line saying what is wrong with the arguments, or None."""
-  if args.max_steps < 1 or args.batch_size < 1:
-    return '--max_steps and --batch_size must be at least 1'
+  if min(args.max_steps, args.batch_size, args.num_ps) < 1:
+    return '--max_steps, --batch_size and --num_ps must be at least 1'
   if args.step_ms is not None and args.step_ms <= 0:
     return '--step_ms must be above 0 (leave it out to measure it)'
   fixed = [f for f in args.trainer_flags if f.split('=')[0] in (
-      '--replicas_to_aggregate', '--nosync_replicas', '--sync_replicas',
-      '--worker_hosts', '--ps_hosts', '--max_steps', '--batch_size')]
+      '--replicas_to_aggregate', '--worker_hosts', '--ps_hosts', '--max_steps', '--batch_size')]
   if fixed:
     return ('%s: this script sets it (every update takes a gradient per '
             'listed slot); drop it from the trainer\'s flags' % fixed[0])
@@ -140,8 +142,7 @@ class Job:
 
   def chief_steps(self):
     """[(time, global step)] of the chief's progress lines so far."""
-    return [(datetime.strptime(t, '%Y-%m-%d %H:%M:%S.%f').timestamp(),
-             int(step)) for t, step in PROGRESS.findall(self.log('worker0'))]
+    return progress_lines(self.log('worker0'))
 
   def reached(self, step):
     """Whether the chief's progress lines have reached global step."""
@@ -152,10 +153,10 @@ class Job:
     """Whether the task name has printed a progress line."""
     return bool(PROGRESS.search(self.log(name)))
 
-  def wait_for(self, predicate, arg, what, running):
-    """Polls predicate(arg) until true; raises if one of the tasks named
-    in running exits first."""
-    while not predicate(arg):
+  def wait_for(self, predicate, what, running):
+    """Polls predicate() until true; raises if one of the tasks named in
+    running exits first."""
+    while not predicate():
       ended = [n for n in running if self.procs[n].poll() is not None]
       if ended:
         raise RuntimeError('%s exited (status %s) before %s (more '
@@ -176,21 +177,20 @@ class Job:
                          % (timeout, e.cmd, self.run_dir)) from None
 
   def kill_all(self):
-    for proc in self.procs.values():
-      if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    stop(self.procs.values())
 
 
-def run_job(*, run_dir, data_dir, seed, workers, change_steps, max_steps,
-            batch_size, trainer_flags):
+def run_job(*, run_dir, data_dir, seed, workers, change_steps, num_ps,
+            max_steps, batch_size, trainer_flags):
   """Runs one job through its phases; returns its record (see main)."""
   slots = max(workers)
-  ps_port, *worker_ports = free_ports(1 + slots)
+  ports = ['localhost:%d' % p for p in free_ports(num_ps + slots)]
+  ps_tasks = ['ps%d' % i for i in range(num_ps)]
+  examples_per_update = batch_size * (
+      1 if '--nosync_replicas' in trainer_flags else slots)
   train_dir = os.path.join(run_dir, 'train')
-  flags = ['--ps_hosts=localhost:%d' % ps_port,
-           '--worker_hosts=' + ','.join('localhost:%d' % p
-                                        for p in worker_ports),
+  flags = ['--ps_hosts=' + ','.join(ports[:num_ps]),
+           '--worker_hosts=' + ','.join(ports[num_ps:]),
            '--data_dir=' + data_dir, '--train_dir=' + train_dir,
            '--max_steps=%d' % max_steps, '--batch_size=%d' % batch_size,
            '--seed=%d' % seed, '--log_frequency=5'] + trainer_flags
@@ -199,14 +199,16 @@ def run_job(*, run_dir, data_dir, seed, workers, change_steps, max_steps,
   job = Job(run_dir, flags)
   changes = []  # (time, global step, workers now, what happened)
   try:
-    job.start('ps', 0)
+    for i in range(num_ps):
+      job.start('ps', i)
     for i in reversed(range(workers[0])):
       job.start('worker', i)
     running = workers[0]
     changes.append((time.time(), 0, running, 'started'))
     for step, now in zip(change_steps, workers[1:]):
-      tasks = ['ps0'] + ['worker%d' % i for i in range(running)]
-      job.wait_for(job.reached, step, 'global step %d' % step, tasks)
+      tasks = ps_tasks + ['worker%d' % i for i in range(running)]
+      job.wait_for(functools.partial(job.reached, step),
+                   'global step %d' % step, tasks)
       what = []
       while running < now:
         job.start('worker', running)
@@ -216,15 +218,15 @@ def run_job(*, run_dir, data_dir, seed, workers, change_steps, max_steps,
         running -= 1
         victim = 'worker%d' % running
         # A worker lost before its first step is a slot never filled.
-        job.wait_for(job.trained, victim, victim + '\'s first progress line',
-                     tasks)
+        job.wait_for(functools.partial(job.trained, victim),
+                     victim + '\'s first progress line', tasks)
         job.procs[victim].send_signal(signal.SIGKILL)
         what.append('worker %d killed (-9)' % running)
       changes.append((time.time(), job.chief_steps()[-1][1], running,
                       ', '.join(what)))
-    tasks = ['worker%d' % i for i in range(running)] + ['ps0']
-    job.wait_for(lambda _: job.procs['worker0'].poll() is not None, None,
-                 'the chief\'s end', ['ps0'])
+    tasks = ['worker%d' % i for i in range(running)] + ps_tasks
+    job.wait_for(lambda: job.procs['worker0'].poll() is not None,
+                 'the chief\'s end', ps_tasks)
     codes = job.wait_all(tasks, timeout=120)
     if set(codes.values()) != {0}:
       raise RuntimeError('a task failed: %s; logs in %s' % (codes, run_dir))
@@ -232,8 +234,8 @@ def run_job(*, run_dir, data_dir, seed, workers, change_steps, max_steps,
   finally:
     job.kill_all()
   return {'seed': seed, 'workers': workers, 'accuracy': accuracy,
-          'examples_per_update': slots * batch_size,
-          'phases': phases(job.chief_steps(), changes, slots * batch_size),
+          'examples_per_update': examples_per_update,
+          'phases': phases(job.chief_steps(), changes, examples_per_update),
           'changes': changes,
           'lost_lines': re.findall(r'^Worker 0: (?:lost worker|worker \d+ at '
                                    r'\S+ is back).*$', job.log('worker0'),
@@ -280,29 +282,13 @@ def phases(progress, changes, examples_per_update):
 
 
 def measure_step_ms(work_dir, data_dir, batch_size, trainer_flags):
-  """One process's step (second half of 150), ms: a worker on its own."""
-  train_dir = os.path.join(work_dir, 'one_process')
-  log_path = train_dir + '.log'
-  with open(log_path, 'w') as log:
-    code = subprocess.call(
-        [sys.executable, TRAINER, '--ps_hosts=', '--data_dir=' + data_dir,
-         '--train_dir=' + train_dir, '--fresh_start', '--max_steps=150',
-         '--batch_size=%d' % batch_size, '--log_frequency=5'] +
-        trainer_flags, stdout=log, stderr=subprocess.STDOUT)
-  with open(log_path) as f:
-    lines = [(datetime.strptime(t, '%Y-%m-%d %H:%M:%S.%f').timestamp(),
-              int(s)) for t, s in PROGRESS.findall(f.read())]
-  if code != 0 or len(lines) < 4:
-    raise RuntimeError('the one-process run failed; see ' + log_path)
-  (t0, s0), (t1, s1) = lines[len(lines) // 2], lines[-1]
-  return 1e3 * (t1 - t0) / (s1 - s0)
-
-
-def predicted(step_ms, workers, batch_size, link_gbit, dtype_bytes):
-  """The planner's images/s for `workers` sync workers, 1 ps."""
-  return round(workers * batch_size * 1e3 / plan_cluster.predict_step_ms(
-      step_ms, plan_cluster.MODEL_BYTES, 1.0, workers, link_gbit * 1e3,
-      dtype_bytes), 1)
+  """One process's step, ms, as the benchmark measures it (the second half
+  of 150 steps): a worker on a machine of its own."""
+  images_per_sec = run_training(
+      name='one_process', data_dir=data_dir, work=work_dir, num_ps=0,
+      num_workers=1, steps=150, batch_size=batch_size,
+      flags=trainer_flags + ['--fresh_start'])['images_per_sec']
+  return 1e3 * batch_size / images_per_sec
 
 
 def row(name, record):
@@ -320,15 +306,20 @@ def row(name, record):
 def main(argv=None):
   args = parse_args(argv)
   os.makedirs(args.work_dir, exist_ok=True)
-  step_ms = args.step_ms or measure_step_ms(
-      args.work_dir, args.data_dir, args.batch_size, args.trainer_flags)
-  dtype_bytes = 2 if '--transfer_dtype=bfloat16' in args.trainer_flags else 4
-  result = {'step_ms': round(step_ms, 2), 'link_gbit': args.link_gbit,
-            'predicted_images_per_sec': {
-                n: predicted(step_ms, n, args.batch_size, args.link_gbit,
-                             dtype_bytes)
-                for n in sorted(set(args.workers))},
-            'elastic': [], 'fixed': []}
+  result = {'elastic': [], 'fixed': []}
+  if '--nosync_replicas' not in args.trainer_flags:  # The planner's model.
+    step_ms = args.step_ms or measure_step_ms(
+        args.work_dir, args.data_dir, args.batch_size, args.trainer_flags)
+    shares = {args.num_ps: plan_cluster.largest_shares(args.num_ps)[
+        args.num_ps] if args.num_ps > 1 else 1.0}
+    dtype_bytes = 2 if '--transfer_dtype=bfloat16' in args.trainer_flags else 4
+    result.update(step_ms=round(step_ms, 2), link_gbit=args.link_gbit,
+                  predicted_images_per_sec={  # The planner's row's images/s.
+                      n: round(plan_cluster.plan(
+                          step_ms, n, args.link_gbit * 1e3, shares,
+                          args.batch_size, plan_cluster.MODEL_BYTES,
+                          dtype_bytes)[0][3], 1)
+                      for n in sorted(set(args.workers))})
   kinds = [('elastic', args.workers, args.change_steps)]
   if args.compare_fixed:
     kinds.append(('fixed', [max(args.workers)], []))
@@ -337,16 +328,18 @@ def main(argv=None):
       record = run_job(
           run_dir=os.path.join(args.work_dir, '%s_seed%d' % (kind, seed)),
           data_dir=args.data_dir, seed=seed, workers=workers,
-          change_steps=change_steps, max_steps=args.max_steps,
+          change_steps=change_steps, num_ps=args.num_ps,
+          max_steps=args.max_steps,
           batch_size=args.batch_size, trainer_flags=args.trainer_flags)
       result[kind].append(record)
       print(row(kind, record), flush=True)
       with open(os.path.join(args.work_dir, 'elastic.json'), 'w') as f:
         json.dump(result, f, indent=1)  # So far: a later run may fail.
-  print('The planner, a worker\'s step %.1f ms, %g Gbit/s links: %s' % (
-      step_ms, args.link_gbit, ', '.join(
-          '%d workers %.0f images/s' % (n, v)
-          for n, v in result['predicted_images_per_sec'].items())))
+  if 'predicted_images_per_sec' in result:
+    print('The planner, a worker\'s step %.1f ms, %g Gbit/s links: %s' % (
+        result['step_ms'], args.link_gbit, ', '.join(
+            '%d workers %.0f images/s' % (n, v)
+            for n, v in result['predicted_images_per_sec'].items())))
   for kind in ('elastic', 'fixed'):
     if result[kind]:
       accuracies = [r['accuracy'] for r in result[kind]]

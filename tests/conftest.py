@@ -1,7 +1,7 @@
 """pytest's fixtures: tiny datasets on disk, processes killed by PID, the
 trainer's flags, the fork server stopped and each test's environment
 restored. What the tests share besides is in helpers.py (importing it
-sets up the suite's environment: see helpers.known_environ)."""
+sets up the suite's environment: see helpers.from_caller)."""
 
 import os
 

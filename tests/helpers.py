@@ -9,7 +9,7 @@ another test file or from conftest.py.
 Importing this module sets up the suite's environment, in os.environ, for
 every test and every process a test starts: the variables
 the caller's shell exported that could change a result are removed (see
-known_environ), and the checkout and its scripts/ go on sys.path.
+from_caller), and the checkout and its scripts/ go on sys.path.
 """
 
 import glob
@@ -51,12 +51,6 @@ CALLER_VARIABLES = ('http_proxy', 'https_proxy', 'all_proxy', 'grpc_proxy',
 def from_caller(name):
   """Whether the suite drops the variable `name` the caller exported."""
   return name.startswith(CALLER_PREFIXES) or name in CALLER_VARIABLES
-
-
-def known_environ(environ):
-  """The environment the suite runs in, from the caller's: without the
-  variables from_caller names, as in a shell that exports none of them."""
-  return {k: v for k, v in environ.items() if not from_caller(k)}
 
 
 # A suite started in the background by a shell without job control (`pytest
@@ -365,6 +359,21 @@ def run_in_group(command, timeout, **popen_args):
   return proc.returncode, out
 
 
+# A fault (Python run in a worker before the trainer): each of its steps
+# lasts at least 0.05 s more, so it takes 20 steps a second at most however
+# fast the machine.
+PACED = """
+import time
+from training import session
+step = session.run_step
+def paced(*args):
+  result = step(*args)
+  time.sleep(0.05)
+  return result
+session.run_step = paced
+"""
+
+
 def kill9(procs, name):
   """Kills the task `name` with SIGKILL and reaps it."""
   procs.procs[name].kill()
@@ -375,6 +384,12 @@ def kill9(procs, name):
 
 # Fast settings for a 2-core machine.
 FAST = ['--batch_size=16', '--num_preprocess_threads=2', '--log_frequency=5']
+
+
+def hosts(flags, name):
+  """The hosts of --ps_hosts or --worker_hosts (name) in a task's flags."""
+  return next(f.split('=', 1)[1] for f in flags
+              if f.startswith('--%s=' % name)).split(',')
 
 
 def cluster_flags(data_dir, train_dir, num_workers=2, num_ps=1):

@@ -10,14 +10,9 @@ import signal
 import pytest
 
 from helpers import assert_clean_logs, checkpoint_step, cluster_flags
-from helpers import kill9, steps, wait_until
+from helpers import PACED, hosts, kill9, steps, wait_until
 
 LOST = ['--lost_worker_secs=3', '--wait_report_secs=2']
-
-
-def hosts(flags, name):
-  return next(f.split('=', 1)[1] for f in flags
-              if f.startswith('--%s=' % name)).split(',')
 
 
 # Run in worker 2 before the trainer: after its 10th step (which ends with
@@ -69,8 +64,9 @@ def lose_worker_2(procs, flags, num_ps, signum=signal.SIGKILL):
       procs.procs['worker2'].send_signal(signum)
       procs.procs['worker2'].send_signal(signal.SIGCONT)
       assert procs.procs['worker2'].wait(60) == 128 + signum
-      assert procs.log('worker2').endswith(
-          'Worker 2: %s; exiting\n' % signal.Signals(signum).name)
+      # (Its stdout and stderr reach the log in either order: a line.)
+      assert ('Worker 2: %s; exiting' % signal.Signals(signum).name
+              in procs.log('worker2').splitlines())
     del procs.procs['worker2']
     line = 'Worker 0: lost worker 2 at %s (Connection refused for 3 s); ' % (
         hosts(flags, 'worker_hosts')[2])
@@ -133,15 +129,16 @@ def test_workers_join_a_running_job_in_listed_slots(procs, tiny_data,
                                                     tmp_path, sync):
   """4 slots listed, workers 0 and 1 started; once they train, the ps is
   paused (SIGSTOP) while workers 2 and 3 start (and, asynchronous, workers
-  0 and 1 until 2 and 3 train), so that the run cannot end before they
-  train; then every worker trains and every task exits 0."""
+  0 and 1 until 2 and 3 train; synchronous, 0 and 1 are paced: alone they
+  need 30 s at least for the 1,200 gradients), so that the run cannot end
+  before they train; then every worker trains and every task exits 0."""
   train_dir = str(tmp_path / 'train')
   flags = cluster_flags(tiny_data, train_dir, num_workers=4) + [
       '--max_steps=300'] + LOST + ([] if sync else ['--nosync_replicas'])
   procs.trainer('ps0', '--job_name=ps', '--task_index=0', *flags)
   for i in (1, 0):
     procs.trainer('worker%d' % i, '--job_name=worker', '--task_index=%d' % i,
-                  *flags)
+                  *flags, fault=PACED if sync else None)
   wait_until(lambda: len(steps(procs, 'worker0')) >= 2, 300,
              'the first two workers training', procs)
   procs.procs['ps0'].send_signal(signal.SIGSTOP)

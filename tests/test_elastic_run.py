@@ -7,6 +7,7 @@ import re
 import sys
 
 from helpers import ROOT, run_in_group, suite_env
+import elastic_run
 import plan_cluster
 
 SCRIPT = os.path.join(ROOT, 'scripts', 'elastic_run.py')
@@ -101,14 +102,6 @@ def test_a_job_of_1_then_2_then_1_worker_against_one_of_2(tiny_data,
     start, end = p['steps']
     assert p['images_per_sec'] == round(
         (end - start) * 32 / (times[end] - times[start]), 1), p
-    # Its longest pause between two progress lines; its second half.
-    steps = sorted(s for s in times if start <= s <= end)
-    assert p['longest_pause_secs'] == round(max(
-        times[b] - times[a] for a, b in zip(steps, steps[1:])), 2), p
-    half = steps[len(steps) // 2] if len(steps) > 2 else start
-    assert p['second_half_steps'] == [half, end], p
-    assert p['second_half_images_per_sec'] == round(
-        (end - half) * 32 / (times[end] - times[half]), 1), p
   # The joiner trained before it was killed; the chief named it lost once
   # its port had refused for 2 s (the paced chief alone takes 0.1 s a global
   # step: the rest of the 200 outlasts that).
@@ -132,6 +125,56 @@ def test_a_job_of_1_then_2_then_1_worker_against_one_of_2(tiny_data,
   assert result['predicted_images_per_sec'] == {
       str(n): round(n * 16e3 / plan_cluster.predict_step_ms(
           10, plan_cluster.MODEL_BYTES, 1.0, n, 10e3), 1) for n in (1, 2)}
+
+
+def test_an_async_job_over_2_ps_of_2_then_3_then_2_workers(tiny_data,
+                                                          tmp_path):
+  work = str(tmp_path / 'work')
+  code, out = run_script(
+      '--data_dir=' + tiny_data, '--work_dir=' + work, '--num_ps=2',
+      '--workers=2,3,2', '--change_steps=20,40', '--max_steps=300',
+      '--batch_size=16', '--', '--nosync_replicas', '--lost_worker_secs=2',
+      '--num_preprocess_threads=2', paced_dir=str(tmp_path / 'paced'))
+  assert code == 0, out
+  with open(os.path.join(work, 'elastic.json')) as f:
+    result = json.load(f)
+  elastic, = result['elastic']
+  assert result['fixed'] == [] and 'predicted_images_per_sec' not in result
+  # Asynchronous: each global step is one worker's batch of 16.
+  assert elastic['examples_per_update'] == 16
+  phases = elastic['phases']
+  assert [(p['workers'], p['change']) for p in phases] == [
+      (2, 'started'), (3, 'worker 2 started'), (2, 'worker 2 killed (-9)')]
+  run_dir = os.path.join(work, 'elastic_seed0')
+  times = chief_progress(run_dir)
+  for p in phases:
+    start, end = p['steps']
+    assert p['images_per_sec'] == round(
+        (end - start) * 16 / (times[end] - times[start]), 1), p
+  # Both ps tasks ran and exited 0 (the script checks that): their logs.
+  for i in (0, 1):
+    with open(os.path.join(run_dir, 'ps%d.log' % i)) as f:
+      assert 'ps %d: serving on localhost:' % i in f.read()
+  with open(os.path.join(run_dir, 'worker2.log')) as f:
+    assert PROGRESS.search(f.read())
+
+
+def test_phases_by_hand():
+  # The chief's (time, global step) lines; 10 examples a global step; the
+  # job grew at t=4.2, after the line of step 20; then a 10 s stall.
+  progress = [(1, 5), (2, 10), (3, 15), (4, 20),
+              (5, 22), (15, 24), (16, 30), (17, 36)]
+  changes = [(0.0, 0, 2, 'started'), (4.2, 20, 4, 'worker 2 started')]
+  assert elastic_run.phases(progress, changes, 10) == [
+      # 15 steps in 3 s; the second half from the line of step 15.
+      {'workers': 2, 'change': 'started', 'steps': [5, 20], 'secs': 3,
+       'images_per_sec': 50.0, 'longest_pause_secs': 1,
+       'second_half_steps': [15, 20], 'second_half_images_per_sec': 50.0},
+      # From the line the change was made on: 16 steps in 13 s, 10 of
+      # them the stall; the second half (12 steps in 2 s) leaves it out.
+      {'workers': 4, 'change': 'worker 2 started', 'steps': [20, 36],
+       'secs': 13, 'images_per_sec': 12.3, 'longest_pause_secs': 10,
+       'second_half_steps': [24, 36], 'second_half_images_per_sec': 60.0}]
 
 
 def test_a_change_without_its_step_is_one_line(tmp_path):

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from helpers import MAX_TO_KEEP, PROGRESS, ROOT, checkpoint_files
 from helpers import checkpoint_step, checkpoint_steps, cluster_flags
-from helpers import free_ports, kill9, latest_step, listed
+from helpers import PACED, free_ports, kill9, latest_step, listed
 from helpers import single_process_flags, start_cluster, wait_until
 
 tf1 = tf.compat.v1
@@ -49,18 +49,6 @@ def test_restarts_trim_what_an_earlier_release_left(procs, tiny_data,
 
 
 # 1 and 2 ps, sync and async; 2 ps sync in tests/test_soak.py.
-# Run in a worker before the trainer: each of its steps lasts at least
-# 0.05 s more.
-PACED = """
-import time
-from training import session
-step = session.run_step
-def paced(*args):
-  result = step(*args)
-  time.sleep(0.05)
-  return result
-session.run_step = paced
-"""
 
 
 # Asynchronous, worker 1 trains alone until it sees the chief gone (6-8 s),

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -25,7 +24,7 @@ tf1 = tf.compat.v1
 
 from helpers import SERVERS, free_ports
 from helpers import assert_clean_logs, checkpoint_step, checkpoint_steps
-from helpers import PROGRESS, cluster_flags, single_process_flags
+from helpers import cluster_flags, single_process_flags, steps, wait_until
 from helpers import start_cluster
 
 from training import learning_rate
@@ -350,19 +349,6 @@ def test_overflows_in_a_synchronous_cluster_with_a_backup_worker(
   assert_clean_logs(procs)
 
 
-def progress_steps(procs, name):
-  return [int(s) for s in PROGRESS.findall(procs.log(name))]
-
-
-def wait_for(predicate, timeout, what, procs):
-  deadline = time.time() + timeout
-  while not predicate():
-    if time.time() > deadline:
-      pytest.fail('%s did not happen within %d s; logs:\n%s' % (
-          what, timeout, procs.tails()))
-    time.sleep(0.2)
-
-
 def test_a_worker_joining_late_does_not_reset_the_loss_scale(
     procs, tiny_data, tmp_path):
   # Asynchronous, and no end: the chief trains alone, then with worker 1,
@@ -375,18 +361,18 @@ def test_a_worker_joining_late_does_not_reset_the_loss_scale(
   procs.trainer('worker0', '--job_name=worker', '--task_index=0', *flags)
   # Halved twice at least: a reset to 2**24 would then show (a reset at
   # 2**23 would come back as 2**24 / 2, as if nothing happened).
-  wait_for(lambda: any(scale <= 2**22 for _, scale in skipped_lines(
+  wait_until(lambda: any(scale <= 2**22 for _, scale in skipped_lines(
       procs.log('worker0'))), 120, 'the scale down to 2**22', procs)
   # Worker 1's own initial scale, 2**30: were the shared scale and its
   # count initialized again when it joined, the chief's next line would say
   # a scale of 2**30 / 2**(its count), far above the ones before.
   procs.trainer('worker1', '--job_name=worker', '--task_index=1', *flags,
                 '--initial_loss_scale=%d' % 2**30)
-  wait_for(lambda: progress_steps(procs, 'worker1'), 120,
+  wait_until(lambda: steps(procs, 'worker1'), 120,
            'worker 1 training', procs)
   # The global step after worker 1's 5th step: it had joined by then.
-  joined = progress_steps(procs, 'worker1')[0]
-  wait_for(lambda: progress_steps(procs, 'worker0')[-1] > joined + 20, 120,
+  joined = steps(procs, 'worker1')[0]
+  wait_until(lambda: steps(procs, 'worker0')[-1] > joined + 20, 120,
            'the chief training on after worker 1 joined', procs)
   said = [scale for _, scale in skipped_lines(procs.log('worker0'))]
   assert 'Error' not in procs.log('worker1'), procs.tails()

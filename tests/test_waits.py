@@ -10,18 +10,13 @@ clock (a loaded machine delays a line, and the test's reading of it).
 import signal
 
 from helpers import assert_clean_logs, checkpoint_step, cluster_flags
-from helpers import wait_until
+from helpers import hosts, wait_until
 from training import cluster_runtime
 
 REPORT = ['--wait_report_secs=2']
 # The first line, the repeat, and the time it takes a loaded machine to
 # import TensorFlow and start a task.
 LINE_SECS = 2 + 4 + 60
-
-
-def hosts(flags, name):
-  return next(f.split('=', 1)[1] for f in flags
-              if f.startswith('--%s=' % name)).split(',')
 
 
 def test_each_wait_says_what_it_waits_for(procs, tiny_data, tmp_path):
