@@ -106,10 +106,14 @@ class Session:
       self.hook.after_create_session(self.sess, None)
 
   def step(self):
+    """One step as MonitoredSession runs it: the hook's fetches in it."""
     with self.graph.as_default():
-      self.sess.run(self.train_op)
-      self.hook.after_run(tf1.train.SessionRunContext(
-          tf1.train.SessionRunArgs(None), self.sess), None)
+      context = tf1.train.SessionRunContext(tf1.train.SessionRunArgs(None),
+                                            self.sess)
+      args = self.hook.before_run(context)
+      _, results = self.sess.run([self.train_op, args.fetches])
+      self.hook.after_run(context, tf1.train.SessionRunValues(
+          results=results, options=None, run_metadata=None))
 
   def end(self):
     with self.graph.as_default():
