@@ -13,9 +13,9 @@ import warnings
 import tensorflow as tf
 
 import cifar10_input
-from training import transfers
+from training import tf_compat
 
-transfers.tf_slim_compat()  # Before tf-slim is imported.
+tf_compat.tf_slim_compat()  # Before tf-slim is imported.
 import tf_slim as slim  # pylint: disable=g-import-not-at-top
 
 # tf-slim's layers call `layer.apply`, which TensorFlow deprecates with a
@@ -28,6 +28,10 @@ NUM_CLASSES = cifar10_input.NUM_CLASSES
 WEIGHT_DECAY = 0.004
 BATCH_NORM_DECAY = 0.995
 BATCH_NORM_EPSILON = 0.001
+# The network's trainable variables in float32 (179,962 parameters): what a
+# worker reads from the ps tasks each step. tests/test_plan_cluster.py
+# checks it against the built graph.
+MODEL_BYTES = 719848
 # The reference declared it and never used it. Here training keeps moving
 # averages of the weights and the evaluator tests them, as TensorFlow's
 # CIFAR-10 tutorial does. With num_updates the decay is min(0.9999,

@@ -45,6 +45,19 @@ def devices(*, cluster, task_index, num_gpus):
       ps_strategy=placement.GreedyByBytes(cluster.num_tasks('ps')))
 
 
+def model(*, images, labels, num_ps, num_classes):
+  """The network on a batch, spread over num_ps ps tasks; returns (its
+  loss with the weight decay, the batch's accuracy)."""
+  with tf1.variable_scope('', partitioner=placement.partitioner(num_ps)):
+    logits = cifar10_model.inference(images, is_training=True,
+                                     dropout_keep_prob=DROPOUT_KEEP_PROB,
+                                     num_class=num_classes)
+  loss = cifar10_model.loss(logits, labels)
+  accuracy = tf.reduce_mean(tf.cast(
+      tf1.nn.in_top_k(logits, labels, 1), tf.float32), name='batch_accuracy')
+  return loss, accuracy
+
+
 def build(*, images, labels, num_ps, is_chief, schedule, sync=None,
           num_classes=cifar10_model.NUM_CLASSES, loss_scale=None,
           loss_scale_period=precision.LossScaled.INCREMENT_PERIOD,
@@ -68,17 +81,20 @@ def build(*, images, labels, num_ps, is_chief, schedule, sync=None,
     A TrainingGraph. Running step_after runs one training step.
   """
   global_step = tf1.train.get_or_create_global_step()
-  with tf1.variable_scope('', partitioner=placement.partitioner(num_ps)):
-    logits = cifar10_model.inference(images, is_training=True,
-                                     dropout_keep_prob=DROPOUT_KEEP_PROB,
-                                     num_class=num_classes)
-  loss = cifar10_model.loss(logits, labels)
-  accuracy = tf.reduce_mean(tf.cast(
-      tf1.nn.in_top_k(logits, labels, 1), tf.float32), name='batch_accuracy')
+  loss, accuracy = model(images=images, labels=labels, num_ps=num_ps,
+                         num_classes=num_classes)
   lr = learning_rate.rate(schedule, global_step)
-  opt, averages, scaled = optimizer(
-      lr=lr, global_step=global_step, sync=sync, loss_scale=loss_scale,
-      loss_scale_period=loss_scale_period)
+  opt, scaled = tf1.train.GradientDescentOptimizer(lr), None
+  if loss_scale:
+    opt = scaled = precision.LossScaled(opt, loss_scale, loss_scale_period)
+  averages = placement.ColocatedAverages(
+      cifar10_model.moving_averages(global_step))
+  if sync:  # Its chief applies the aggregated gradients, then the averages.
+    opt = tf1.train.SyncReplicasOptimizer(
+        opt, replicas_to_aggregate=sync[0], total_num_replicas=sync[1],
+        variable_averages=averages,
+        variables_to_average=tf1.trainable_variables(),
+        name='cifar10_sync_replicas')
   grads_and_vars = opt.compute_gradients(loss)
   update = opt.apply_gradients(grads_and_vars, global_step=global_step)
   if not sync:
@@ -99,36 +115,19 @@ def build(*, images, labels, num_ps, is_chief, schedule, sync=None,
                    gradients=[g for g, _ in grads_and_vars if g is not None],
                    statistics=batches, transfer_dtype=transfer_dtype,
                    sync=bool(sync))
-  tf1.summary.scalar('loss', loss)
-  # Not the op's name: a summary named like an op gets a suffix (accuracy_1).
-  tf1.summary.scalar('accuracy', accuracy)
-  tf1.summary.scalar('learning_rate', lr)
+  summaries(loss=loss, accuracy=accuracy, lr=lr, scaled=scaled)
   return TrainingGraph(global_step, loss, accuracy, step_after,
                        opt if sync else None, scaled, schedule)
 
 
-def optimizer(*, lr, global_step, sync, loss_scale, loss_scale_period):
-  """SGD at lr, and the weights' moving averages; with sync, wrapped in
-  SyncReplicasOptimizer, whose chief applies the aggregated gradients and
-  then updates the averages, once per global step.
-
-  Returns:
-    (the optimizer, the averages, the LossScaled or None).
-  """
-  opt = tf1.train.GradientDescentOptimizer(lr)
-  scaled = None
-  if loss_scale:
-    opt = scaled = precision.LossScaled(opt, loss_scale, loss_scale_period)
+def summaries(*, loss, accuracy, lr, scaled):
+  """The scalars the chief writes for TensorBoard."""
+  tf1.summary.scalar('loss', loss)
+  # Not the op's name: a summary named like an op gets a suffix (accuracy_1).
+  tf1.summary.scalar('accuracy', accuracy)
+  tf1.summary.scalar('learning_rate', lr)
+  if scaled:
     tf1.summary.scalar('loss_scale', scaled.scale.read_value())
-  averages = placement.ColocatedAverages(
-      cifar10_model.moving_averages(global_step))
-  if sync:
-    opt = tf1.train.SyncReplicasOptimizer(
-        opt, replicas_to_aggregate=sync[0], total_num_replicas=sync[1],
-        variable_averages=averages,
-        variables_to_average=tf1.trainable_variables(),
-        name='cifar10_sync_replicas')
-  return opt, averages, scaled
 
 
 def scaffold(graph):

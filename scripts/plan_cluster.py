@@ -21,7 +21,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from training import log_filter  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training import process  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # Bytes on the wire per byte of tensor: TCP/IP and Ethernet headers, and
 # gRPC's framing. Measured on the benchmark's emulated links: 723 KB over
@@ -42,9 +42,6 @@ BUSIEST_LINK_EXTRA = 0.3
 OWN_LINK_FACTOR = 1.0
 HIDDEN_SHARE = 0.58
 WITHIN = 0.05  # "Within 5% of the best".
-# This network's trainable float32 bytes (tests/test_benchmark.py checks
-# them against the model).
-MODEL_BYTES = 719848
 
 
 @functools.lru_cache(maxsize=None)
@@ -69,6 +66,13 @@ def largest_shares(max_ps):
           tf1.trainable_variables(), num_ps)]
     shares[num_ps] = max(loads) / float(sum(loads))
   return shares
+
+
+def network_bytes():
+  """This network's trainable float32 bytes (cifar10_model.MODEL_BYTES:
+  imported here, as it loads TensorFlow, which another model never needs)."""
+  import cifar10_model  # pylint: disable=g-import-not-at-top
+  return cifar10_model.MODEL_BYTES
 
 
 def even_shares(max_ps):
@@ -283,8 +287,8 @@ def typical_markdown(shares):
     for gbit in TYPICAL_GBIT:
       cells = []
       for _, step_ms in TYPICAL_STEP_MS:
-        rows = plan(step_ms, workers, gbit * 1000, shares, 128, MODEL_BYTES,
-                    4)
+        rows = plan(step_ms, workers, gbit * 1000, shares, 128,
+                    network_bytes(), 4)
         fewest = fewest_within(rows)
         cells.append('%d ps: %.0f images/s, %.2fx 1 ps' % (
             fewest, rows[fewest - 1][3], rows[fewest - 1][3] / rows[0][3]))
@@ -303,7 +307,7 @@ def main(argv=None):
     shares = even_shares(args.max_ps)
   else:
     shares = largest_shares(args.max_ps)
-    args.model_bytes = MODEL_BYTES
+    args.model_bytes = network_bytes()
   if args.typical:
     print(typical_markdown(shares))
     return 0
@@ -324,6 +328,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-  log_filter.install()  # Before TensorFlow loads: see training/log_filter.py.
-  os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')  # As train_distributed.py.
+  process.start()  # Before TensorFlow loads (largest_shares loads it).
   sys.exit(main())

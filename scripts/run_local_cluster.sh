@@ -183,7 +183,7 @@ fi
 
 # Free ports, all at once so that no two tasks get the same one, from below
 # the range the kernel picks connections' source ports from.
-ports=($("$python" "$root/scripts/free_ports.py" "$((num_ps + num_workers))")) || die "could not find free ports"
+ports=($("$python" "$root/training/ports.py" "$((num_ps + num_workers))")) || die "could not find free ports"
 join() { local IFS=,; echo "$*"; }
 ps_hosts=$(join $(for p in "${ports[@]:0:num_ps}"; do echo "localhost:$p"; done))
 worker_hosts=$(join $(for p in "${ports[@]:num_ps}"; do echo "localhost:$p"; done))

@@ -24,8 +24,9 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')  # As train_distributed.py.
+from training import process  # pylint: disable=g-import-not-at-top,wrong-import-position
+if __name__ == '__main__':
+  process.start()  # Before TensorFlow loads.
 
 import matplotlib  # pylint: disable=g-import-not-at-top,wrong-import-position
 matplotlib.use('Agg')  # No screen needed.

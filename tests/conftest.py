@@ -38,7 +38,7 @@ def _stop_fork_server():
 @pytest.fixture(autouse=True)
 def _restore_environ():
   """Gives every test the environment the suite started with. A test that
-  imports a script setting a variable (scripts/show_inputs.py sets
+  imports a script setting a variable (scripts/show_inputs.py once set
   TF_CPP_MIN_LOG_LEVEL) changed it for every later test, whose trainers
   then differed from the fork server's and each started Python afresh: the
   suite took 17 minutes instead of 11."""

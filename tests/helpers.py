@@ -9,7 +9,7 @@ another test file or from conftest.py.
 Importing this module sets up the suite's environment, in os.environ, for
 every test and every process a test starts: the variables
 the caller's shell exported that could change a result are removed (see
-from_caller), and the checkout and its scripts/ go on sys.path.
+from_caller), and the checkout, its scripts/ and its tools/ go on sys.path.
 """
 
 import glob
@@ -30,8 +30,10 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, 'scripts'))
+sys.path.insert(0, os.path.join(ROOT, 'tools'))
 
-import free_ports as scripts_free_ports  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training import ports  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training import progress  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 TRAINER = os.path.join(ROOT, 'train_distributed.py')
 LOCAL_CLUSTER_SCRIPT = os.path.join(ROOT, 'scripts', 'run_local_cluster.sh')
@@ -88,8 +90,8 @@ servers[0].join()
 
 def free_ports(n):
   """Returns n distinct TCP ports, free now, that no other connection takes
-  before the tasks bind them (see scripts/free_ports.py)."""
-  return scripts_free_ports.free_ports(n)
+  before the tasks bind them (see training/ports.py)."""
+  return ports.free_ports(n)
 
 
 def suite_env(env=None):
@@ -480,16 +482,13 @@ def listed(train_dir):
 
 # Logs.
 
-# A worker's progress line; group 1 is the global step.
-PROGRESS = re.compile(
-    r'^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}: step (\d+), loss = \d+\.\d\d '
-    r',Train accuracy = \d\.\d\d \(\d+\.\d examples/sec; \d+\.\d{3} '
-    r'sec/batch; (?:\d+:\d\d:\d\d|\?) left\)$', re.M)
+# A worker's progress line (its groups: see training/progress.py).
+PROGRESS = progress.PATTERN
 
 
 def steps(procs, name):
   """The global steps of the progress lines of task `name`, in order."""
-  return [int(s) for s in PROGRESS.findall(procs.log(name))]
+  return [line.step for line in progress.parse(procs.log(name))]
 
 
 def last_step(procs, name):

@@ -1,4 +1,4 @@
-"""scripts/benchmark.py runs end to end and writes consistent numbers.
+"""tools/benchmark.py runs end to end and writes consistent numbers.
 
 Its slow-network runs need root and iproute2, as CI has; elsewhere the test
 checks that the script says why it skipped them.
@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+import cifar10_model
 from helpers import ROOT
 import benchmark_network
 import benchmark_report
@@ -34,7 +35,7 @@ def test_benchmark_quick_run(tmp_path):
   # In a session of its own: if it hangs, the group (its PID) is killed with
   # every task it started, not just the script.
   proc = subprocess.Popen(
-      [sys.executable, os.path.join(ROOT, 'scripts', 'benchmark.py'),
+      [sys.executable, os.path.join(ROOT, 'tools', 'benchmark.py'),
        '--quick', '--steps=16', '--batch_size=16', '--json', str(out),
        '--only=^1 ps \\+ 2 workers, sync$|^TF2.*\\(async\\)$'] +
       ['--perf'] * perf,
@@ -139,8 +140,7 @@ def assert_network(results, stdout, plot):
       (1, None, 8), (1, 100, 8)]
   share = results['bytes']['largest_ps_share']
   assert share['1'] == 1.0 and 0.5 <= share['2'] <= 0.6
-  model = 179962 * 4
-  assert model == plan_cluster.MODEL_BYTES
+  model = cifar10_model.MODEL_BYTES
   for run in runs:
     assert run['ms_per_step'] == statistics.median(run['ms_per_step_rounds'])
     assert len(run['ms_per_step_rounds']) == 1

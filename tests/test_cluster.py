@@ -16,7 +16,7 @@ def test_single_process_mode(procs, tiny_data, tmp_path):
   assert procs.wait_all(timeout=120) == {'single': 0}, procs.tails()
   assert checkpoint_step(train_dir) == 15
   log = procs.log('single')
-  assert [int(s) for s in PROGRESS.findall(log)] == [5, 10, 15]
+  assert [int(m['step']) for m in PROGRESS.finditer(log)] == [5, 10, 15]
   assert 'training finished at global step 15' in log
   assert_clean_logs(procs)
   # Without --mixed_precision, one line where the flag would pay (a CPU
@@ -98,6 +98,6 @@ def test_fresh_start_empties_train_dir_and_starts_over(procs, tiny_data,
   log = procs.log('again')
   assert '--fresh_start: deleting %s' % train_dir in log
   assert 'resuming' not in log
-  assert [int(s) for s in PROGRESS.findall(log)] == [5, 10]
+  assert [int(m['step']) for m in PROGRESS.finditer(log)] == [5, 10]
   assert not (tmp_path / 'train' / 'stale.txt').exists()
   assert checkpoint_step(train_dir) == 10

@@ -1,4 +1,4 @@
-"""scripts/cpu_profile.py: perf's samples by process and kind of work, from
+"""tools/cpu_profile.py: perf's samples by process and kind of work, from
 lines as perf prints them, and from a real recording where perf may
 record every CPU."""
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-import cpu_profile  # From scripts/, on the path helpers.py sets.
+import cpu_profile  # From tools/, on the path helpers.py sets.
 
 TF = '/usr/lib/python3/site-packages/tensorflow/libtensorflow_cc.so.2'
 # Lines of `perf script -F pid,time,ip,sym,dso` from a real cluster step.

@@ -88,5 +88,5 @@ def test_both_readmes_give_the_same_commands_and_flags():
 
 def test_readme_flags_are_the_trainers():
   import train_distributed  # pylint: disable=g-import-not-at-top
-  ours = train_distributed.FLAGS.flags_by_module_dict()['train_distributed']
+  ours = train_distributed.FLAGS.flags_by_module_dict()['train_flags']
   assert table_flags('README.md') == {'--' + f.name for f in ours}

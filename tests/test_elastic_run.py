@@ -1,4 +1,4 @@
-"""scripts/elastic_run.py: a job that grows and loses a worker, and one of
+"""tools/elastic_run.py: a job that grows and loses a worker, and one of
 fixed size, run end to end; what it reports is read again from the logs."""
 
 import json
@@ -6,13 +6,14 @@ import os
 import re
 import sys
 
+import cifar10_model
 from helpers import ROOT, run_in_group, suite_env
 import elastic_run
 import plan_cluster
+from training import progress
 
-SCRIPT = os.path.join(ROOT, 'scripts', 'elastic_run.py')
-PROGRESS = re.compile(r'^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}): step (\d+), '
-                      r'loss = ', re.M)
+SCRIPT = os.path.join(ROOT, 'tools', 'elastic_run.py')
+PROGRESS = progress.PATTERN
 
 
 # A sitecustomize for the script's tasks: each worker takes at most 20 steps
@@ -63,10 +64,9 @@ def run_script(*args, paced_dir=None):
 
 def chief_progress(run_dir):
   """{global step: line time} of the chief's progress lines."""
-  from datetime import datetime  # pylint: disable=g-import-not-at-top
   with open(os.path.join(run_dir, 'worker0.log')) as f:
-    return {int(s): datetime.strptime(t, '%Y-%m-%d %H:%M:%S.%f').timestamp()
-            for t, s in PROGRESS.findall(f.read())}
+    return {line.step: line.time.timestamp()
+            for line in progress.parse(f.read())}
 
 
 def test_a_job_of_1_then_2_then_1_worker_against_one_of_2(tiny_data,
@@ -124,7 +124,7 @@ def test_a_job_of_1_then_2_then_1_worker_against_one_of_2(tiny_data,
   # Gbit/s links, 1 ps.
   assert result['predicted_images_per_sec'] == {
       str(n): round(n * 16e3 / plan_cluster.predict_step_ms(
-          10, plan_cluster.MODEL_BYTES, 1.0, n, 10e3), 1) for n in (1, 2)}
+          10, cifar10_model.MODEL_BYTES, 1.0, n, 10e3), 1) for n in (1, 2)}
 
 
 def test_an_async_job_over_2_ps_of_2_then_3_then_2_workers(tiny_data,

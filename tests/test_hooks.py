@@ -9,7 +9,7 @@ import tensorflow as tf
 from helpers import free_ports
 from training import checkpoints
 from training import hooks
-from training import session as session_lib
+from training import process
 
 tf1 = tf.compat.v1
 
@@ -94,7 +94,7 @@ class Session:
     self.sess.run(self.scaffold.init_op)
     self._monkeypatch = monkeypatch
     self.exits = []
-    monkeypatch.setattr(session_lib, 'exit_now', self.exits.append)
+    monkeypatch.setattr(process, 'exit_now', self.exits.append)
 
   def save_fails(self, error):
     def save(*args, **kwargs):

@@ -2,7 +2,6 @@
 
 import os
 import pathlib
-import types
 
 import numpy as np
 import pytest
@@ -184,10 +183,8 @@ def test_the_trainer_passes_crop_padding_to_the_pipeline(flags, monkeypatch,
     raise Built()
 
   monkeypatch.setattr(cifar10_input, 'generate_batch_inputs', record)
-  task = types.SimpleNamespace(task_index=0, worker_hosts=['localhost:1'],
-                               ps_hosts=[])
   with tf.Graph().as_default(), pytest.raises(Built):
-    train_distributed.build_graph(task, None)
+    train_distributed.inputs(seed=0)
   assert (given['crop_padding'], given['distort']) == (3, True)
 
 

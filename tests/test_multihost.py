@@ -1,6 +1,6 @@
 """Several hosts: each task in its own network namespace, joined over veth.
 
-Every host gets its own address on a bridge (scripts/network_namespaces.py),
+Every host gets its own address on a bridge (tools/network_namespaces.py),
 and is started the way Kubernetes starts it: TF_CONFIG only, every task on
 port 2222. Needs root and iproute2 (as CI has); skipped otherwise.
 """
@@ -11,11 +11,12 @@ import time
 
 import pytest
 
+import cifar10_model
 import network_namespaces
 from helpers import FAST, checkpoint_step, last_step, steps, wait_until
 
-# 4 bytes per trainable parameter: a worker's read of the model, per step.
-MODEL_BYTES = 179962 * 4
+# A worker's read of the model, per step.
+MODEL_BYTES = cifar10_model.MODEL_BYTES
 
 
 @pytest.fixture

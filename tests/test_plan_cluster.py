@@ -7,7 +7,9 @@ import subprocess
 import sys
 
 import pytest
+import tensorflow as tf
 
+import cifar10_model
 from helpers import ROOT
 import plan_cluster
 
@@ -43,6 +45,18 @@ def test_the_step_by_hand():
   # On a fast link the push hides entirely; the pull does not.
   assert plan_cluster.predict_step_ms(60, 719848, 1.0, 2, 10000) == (
       pytest.approx(60 + 1.19, abs=0.01))
+
+
+def test_the_model_bytes_are_the_built_networks():
+  # The one figure of the model's size, which the planner, the elastic run
+  # and the tests read: 179,962 trainable float32 parameters.
+  with tf.Graph().as_default():
+    cifar10_model.inference(tf.compat.v1.placeholder(tf.float32,
+                                                     [1, 32, 32, 3]))
+    built = sum(v.shape.num_elements() * v.dtype.size
+                for v in tf.compat.v1.trainable_variables())
+  assert cifar10_model.MODEL_BYTES == built == 719848
+  assert plan_cluster.network_bytes() == built
 
 
 def test_more_ps_than_the_worker_link_allows_buy_nothing():

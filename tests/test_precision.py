@@ -20,6 +20,8 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
+import cifar10_model
+
 tf1 = tf.compat.v1
 
 from helpers import SERVERS, free_ports
@@ -33,9 +35,9 @@ from training import learning_rate
 CONSTANT_RATE = learning_rate.Schedule('exponential', 0.1, 128, 'none', 0,
                                        1000, 1000, 0.1)
 
-# What a worker reads of the model per step, in float32: its 179,962
-# trainable parameters, once (see training/transfers.py).
-MODEL_BYTES = 179962 * 4
+# What a worker reads of the model per step, in float32: its trainable
+# parameters, once (see training/transfers.py).
+MODEL_BYTES = cifar10_model.MODEL_BYTES
 MIXED = re.compile(r'^Worker 0: (--mixed_precision: (bfloat16|float16) compute|'
                    r'warning: --mixed_precision on a CPU)', re.M)
 
@@ -248,7 +250,7 @@ def test_the_hint_for_mixed_precision_is_said_only_with_amx(
   assert line == (
       "Worker 3: this CPU has AMX-BF16: --mixed_precision would be faster "
       "here (bfloat16 compute, 1.70x images/s on a 2-core Xeon with AMX in "
-      "scripts/benchmark.py, the quickstart's accuracy unchanged; variables, "
+      "tools/benchmark.py, the quickstart's accuracy unchanged; variables, "
       "gradient accumulation, BatchNorm statistics and checkpoints stay "
       "float32)" if hinted else None)
   # No /proc/cpuinfo (not Linux): nothing is said.

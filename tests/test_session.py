@@ -7,6 +7,7 @@ import threading
 import pytest
 import tensorflow as tf
 
+from training import liveness
 from training import session
 
 tf1 = tf.compat.v1
@@ -109,7 +110,7 @@ LOST_TASK_ERRORS = {
 @pytest.mark.parametrize('case', sorted(LOST_TASK_ERRORS))
 def test_a_lost_task_is_reported_by_its_cause(case, capsys):
   error, cause = LOST_TASK_ERRORS[case]
-  report = session.ReportLostTask(task_index=1)
+  report = liveness.ReportLostTask(task_index=1)
   record = logging.LogRecord(
       'tensorflow', logging.INFO, __file__, 0,
       'An error was raised. This may be due to a preemption in a connected '

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import cifar10_model
 from helpers import PROGRESS, assert_clean_logs, checkpoint_steps
 from helpers import cluster_flags, shard_counts, start_cluster
 
@@ -167,8 +168,8 @@ def assert_traced(procs, train_dir, shape):
   assert [any(sides) for sides in zip(*ps_sides)] == [True] * num_ps, ps_sides
 
 
-# A worker's float32 read of the model: 179,962 trainable parameters.
-MODEL_BYTES = 179962 * 4
+# A worker's float32 read of the model: its trainable parameters.
+MODEL_BYTES = cifar10_model.MODEL_BYTES
 
 
 def assert_steps(shape, name_step, step, max_steps):

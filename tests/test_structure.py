@@ -3,6 +3,7 @@
 import ast
 import glob
 import os
+import re
 
 from helpers import ROOT
 
@@ -11,7 +12,8 @@ MODULES = sorted(os.path.relpath(p, ROOT)[:-3].replace('/', '.')
                  glob.glob(os.path.join(ROOT, 'training', '*.py')))
 SOURCES = [os.path.join(ROOT, m.replace('.', '/') + '.py')
            for m in MODULES] + sorted(
-    glob.glob(os.path.join(ROOT, 'scripts', '*.py')))
+    glob.glob(os.path.join(ROOT, 'scripts', '*.py')) +
+    glob.glob(os.path.join(ROOT, 'tools', '*.py')))
 
 
 def tree(path):
@@ -39,7 +41,10 @@ def test_every_module_opens_with_a_docstring():
 def test_only_the_entry_point_reads_absl_flags():
   readers = [os.path.relpath(p, ROOT) for p in SOURCES
              if any(n.split('.')[0] == 'absl' for n in imports(p))]
-  assert readers == ['train_distributed.py']
+  # train_flags.py defines the flags, and only the entry point imports it.
+  assert readers == ['train_distributed.py', 'train_flags.py']
+  assert [os.path.relpath(p, ROOT) for p in SOURCES
+          if 'train_flags' in imports(p)] == ['train_distributed.py']
 
 
 def test_no_import_cycle():
@@ -70,6 +75,17 @@ def test_no_function_over_60_lines():
           if isinstance(n, ast.FunctionDef)
           and n.end_lineno - n.lineno + 1 > 60]
   assert not long
+
+
+def test_no_product_module_over_400_lines():
+  over = []
+  for path in SOURCES + sorted(glob.glob(os.path.join(ROOT, 'scripts',
+                                                      '*.sh'))):
+    with open(path) as f:
+      count = sum(1 for _ in f)
+    if count > 400:
+      over.append('%s (%d lines)' % (os.path.relpath(path, ROOT), count))
+  assert not over, 'over 400 lines: ' + ', '.join(over)
 
 
 ARTICLE = {'train_distributed', 'train_graph', 'cifar10_input',
@@ -106,17 +122,81 @@ def test_the_entry_point_reads_top_to_bottom():
   # mnist_replica.py's order: flags, the cluster, its server, the graph,
   # the session, the loop.
   in_order('train_distributed.py', [
-      'flags.DEFINE_string', 'def main', 'tf.train.ClusterSpec',
-      'cluster_runtime.session_target', 'train_graph.devices',
-      'train_graph.build', 'tf1.train.MonitoredSession',
-      'while not sess.should_stop()'])
+      'def main', 'tf.train.ClusterSpec', 'tf1.train.Server',
+      'train_graph.devices', 'train_graph.build',
+      'tf1.train.MonitoredSession', 'while not sess.should_stop()'])
+
+
+def calls_deep(files, start):
+  """{landmark: the fewest calls from start to a function that has it},
+  over the functions of files ({prefix: path}: a call `prefix.name` or
+  `name` in the file of that prefix)."""
+  functions = {}
+  for prefix, path in files.items():
+    for node in ast.walk(tree(os.path.join(ROOT, path))):
+      if isinstance(node, ast.FunctionDef):
+        functions[prefix + node.name] = node
+  depth, todo, found = {start: 0}, [start], {}
+  while todo:
+    name = todo.pop(0)
+    prefix = name.rpartition('.')[0] + '.' if '.' in name else ''
+    for node in ast.walk(functions[name]):
+      mark = (ast.unparse(node.func) if isinstance(node, ast.Call) else
+              'while ' + ast.unparse(node.test)
+              if isinstance(node, ast.While) else None)
+      if mark is None:
+        continue
+      found.setdefault(mark, depth[name])
+      callee = mark if mark in functions else prefix + mark
+      if callee in functions and callee not in depth:
+        depth[callee] = depth[name] + 1
+        todo.append(callee)
+  return found
+
+
+def test_the_article_is_at_most_two_calls_from_main():
+  # mnist_replica.py shows each in its main(); here each is in main() or a
+  # function it calls, or one that calls.
+  found = calls_deep({'': 'train_distributed.py',
+                      'train_graph.': 'train_graph.py'}, 'main')
+  marks = ['tf.train.ClusterSpec', 'tf1.train.Server',
+           'tf1.train.replica_device_setter',
+           'tf1.train.SyncReplicasOptimizer', 'tf1.train.MonitoredSession',
+           'while not sess.should_stop()']
+  assert {m: found.get(m) for m in marks if found.get(m, 9) > 2} == {}
+
+
+def test_one_module_names_the_queues_the_tasks_share():
+  # SyncReplicasOptimizer's token queue and accumulators, the join and done
+  # queues: named in sync_protocol.py alone, which gives the others ops.
+  names = ('sync_token_q', 'grad_accum', 'done_queue', 'joined_')
+  naming = sorted({os.path.relpath(p, ROOT) for p in SOURCES
+                   for node in ast.walk(tree(p))
+                   if isinstance(node, ast.Constant)
+                   and isinstance(node.value, str)
+                   and any(n in node.value for n in names)
+                   and node.value != 'joined_workers'})  # A thread's name.
+  assert naming == ['training/sync_protocol.py']
+
+
+def test_docs_code_gives_each_module_its_line():
+  with open(os.path.join(ROOT, 'docs', 'code.md')) as f:
+    rows = re.findall(r'^\| `([\w.]+)` \| .+ \|$', f.read(), re.M)
+  listed = [p for p in glob.glob(os.path.join(ROOT, '*.py')) + glob.glob(
+      os.path.join(ROOT, '*', '*.py')) + glob.glob(
+          os.path.join(ROOT, 'scripts', '*.sh'))
+            if os.path.basename(os.path.dirname(p)) in (
+                os.path.basename(ROOT), 'training', 'scripts', 'tools')
+            and os.path.basename(p) != '__init__.py']
+  assert sorted(os.path.basename(p) for p in listed) == sorted(rows)
 
 
 def test_the_graph_reads_like_the_article():
   in_order('train_graph.py', [
       'def devices', 'tf1.train.replica_device_setter',
-      'cifar10_model.inference', 'cifar10_model.loss', 'learning_rate.rate',
-      'def optimizer', 'tf1.train.SyncReplicasOptimizer', 'def scaffold'])
+      'cifar10_model.inference', 'cifar10_model.loss', 'def build',
+      'learning_rate.rate', 'tf1.train.SyncReplicasOptimizer',
+      'def scaffold'])
 
 
 def test_the_package_does_not_import_the_article():
@@ -152,14 +232,74 @@ def private_uses(path):
   return found
 
 
-def test_only_the_packing_module_uses_tensorflows_private_api():
+def test_only_the_packing_and_the_compat_module_use_private_api():
+  # The packing's uses (--nopack_transfers runs without them), and what the
+  # suite cannot do without: tf-slim's ops.Tensor, the Chrome trace writer,
+  # a partitioned slice's saved name, the global step read of the hooks.
   users = {os.path.relpath(p, ROOT): private_uses(p) for p in SOURCES}
   assert {p: sorted(set(u)) for p, u in users.items() if u} == {
       'training/transfers.py': sorted([
+          '_get_control_flow_context', '_update_input',
+          '_remove_all_control_inputs', '_add_control_inputs']),
+      'training/tf_compat.py': sorted([
           'tensorflow.python.client', 'tensorflow.python.framework',
-          'tensorflow.python.training', '_get_control_flow_context',
-          '_update_input', '_remove_all_control_inputs',
-          '_add_control_inputs', '_save_slice_info'])}
+          'tensorflow.python.training', '_save_slice_info'])}
+
+
+def private_comments(path):
+  """The comments in a file that open with `# Private:`, each joined into
+  one line."""
+  found = []
+  with open(path) as f:
+    lines = [l.strip() for l in f]
+  for i, line in enumerate(lines):
+    if line.startswith('# Private: '):
+      block = [line]
+      for more in lines[i + 1:]:
+        if not more.startswith('#'):
+          break
+        block.append(more[1:].strip())
+      found.append(' '.join(block))
+  return found
+
+
+def test_each_private_use_says_what_breaks():
+  for path in ('training/transfers.py', 'training/tf_compat.py'):
+    comments = private_comments(os.path.join(ROOT, path))
+    for use in set(private_uses(os.path.join(ROOT, path))):
+      assert [c for c in comments if use in c.split(' If ', 1)[0]], (
+          path, use)
+    assert all(' If it goes' in c or ' If they go' in c
+               for c in comments), (path, comments)
+  # The packing's uses all have a way round: its flag.
+  assert all('--nopack_transfers runs without' in c for c in private_comments(
+      os.path.join(ROOT, 'training/transfers.py')))
+
+
+# What users run to train and use the model; the developers' tools (the
+# benchmark, the elastic run and what they use) are in tools/.
+USER_SCRIPTS = {'run_local_cluster.sh', 'download_cifar10.py',
+                'make_synthetic_cifar10.py', 'make_cifar_binary.py',
+                'show_inputs.py', 'plan_cluster.py'}
+
+
+def test_scripts_hold_only_what_users_run():
+  scripts = os.path.join(ROOT, 'scripts')
+  assert {f for f in os.listdir(scripts) if os.path.isfile(
+      os.path.join(scripts, f))} == USER_SCRIPTS
+  # Tools may use scripts (the planner, the synthetic data); a script never
+  # needs tools/: it imports no tool and runs none.
+  tools = {os.path.basename(p)[:-3]
+           for p in glob.glob(os.path.join(ROOT, 'tools', '*.py'))}
+  for name in USER_SCRIPTS:
+    path = os.path.join(scripts, name)
+    if name.endswith('.py'):
+      assert not {n.split('.')[0] for n in imports(path)} & tools, name
+      assert 'tools' not in {n.value for n in ast.walk(tree(path))
+                             if isinstance(n, ast.Constant)}, name
+    else:
+      with open(path) as f:
+        assert 'tools/' not in f.read(), name
 
 
 def test_no_test_file_imports_another():

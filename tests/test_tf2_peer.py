@@ -1,4 +1,4 @@
-"""scripts/tf2_peer.py, the benchmark's TensorFlow 2 peer: the same network
+"""tools/tf2_peer.py, the benchmark's TensorFlow 2 peer: the same network
 as the trainer's, computed the same way. (Its cluster runs in
 test_benchmark.py, in the benchmark's own quick run.)"""
 

@@ -1,7 +1,7 @@
-"""hooks.TimeLeft against a clock the test sets: the expectations are worked
+"""train_distributed.TimeLeft against a clock the test sets: the expectations are worked
 by hand, and no test waits."""
 
-from training import hooks
+import train_distributed
 
 
 class Clock:
@@ -17,7 +17,7 @@ class Clock:
 def estimates(max_steps, points):
   """TimeLeft's answers to [(seconds on the clock, global step)]."""
   clock = Clock()
-  left = hooks.TimeLeft(max_steps, clock=clock)
+  left = train_distributed.TimeLeft(max_steps, clock=clock)
   answers = []
   for secs, step in points:
     clock.now = secs
@@ -58,7 +58,7 @@ def test_at_or_past_max_steps_nothing_is_left():
 
 
 def test_the_rate_is_that_of_the_last_window_of_points():
-  assert hooks.TimeLeft.WINDOW == 5  # Points kept: the window's 5, and 1.
+  assert train_distributed.TimeLeft.WINDOW == 5  # Points kept: the window's 5, and 1.
   # A slow start (10 steps in the first 100 s), then 100 steps each 10 s.
   # Each estimate is the steps left times (now - oldest point's time) /
   # (step - oldest point's step); max_steps 1510.

@@ -11,7 +11,7 @@ import signal
 
 from helpers import assert_clean_logs, checkpoint_step, cluster_flags
 from helpers import hosts, wait_until
-from training import cluster_runtime
+from training import liveness
 
 REPORT = ['--wait_report_secs=2']
 # The first line, the repeat, and the time it takes a loaded machine to
@@ -86,14 +86,59 @@ def test_ps_names_a_slot_never_started_then_exits_without_it(
   assert_clean_logs(procs)
 
 
+class Clock:
+  """A clock that stands where the test puts it."""
+
+  def __init__(self):
+    self.now = 0.0
+
+  def __call__(self):
+    return self.now
+
+
 def test_a_wait_is_named_after_wait_report_secs_then_every_twice_that(
     flags, monkeypatch):
-  # The intervals a task's waits use, as train() sets them from the flag:
-  # 10 s and 20 s by default, 2 s and 4 s with the tests' REPORT.
-  for name in ('WAIT_REPORT_SECS', 'WAIT_REPEAT_SECS'):
-    monkeypatch.setattr(cluster_runtime, name, getattr(cluster_runtime, name))
-  for argv, intervals in (([], (10, 20)), (REPORT, (2, 4))):
-    flags(['train_distributed.py'] + argv)
-    cluster_runtime.report_waits_after(flags.wait_report_secs)
-    assert (cluster_runtime.WAIT_REPORT_SECS,
-            cluster_runtime.WAIT_REPEAT_SECS) == intervals
+  # The times a wait is said, as the trainer sets them from the flags:
+  # 10 s, then every 20 s by default; 2 s, then every 4 s with REPORT.
+  for name in ('LOST_SECS', 'REPORT_SECS'):
+    monkeypatch.setattr(liveness, name, getattr(liveness, name))
+  monkeypatch.delenv('TF_CONFIG', raising=False)  # The caller's: not ours.
+  for argv, said in (([], [10, 30, 50]), (REPORT, [2, 6, 10, 14])):
+    flags(['train_distributed.py', '--job_name=ps', '--task_index=0'] + argv)
+    import train_distributed  # pylint: disable=g-import-not-at-top
+    train_distributed.check_flags()
+    clock = Clock()
+    cadence = liveness.Cadence(clock=clock)
+    times = []
+    for tenth in range(int(said[-1] * 10) + 1):
+      clock.now = tenth / 10
+      if cadence.due():
+        times.append(clock.now)
+    assert times == said
+
+
+def test_one_threshold_says_when_any_task_is_lost(flags, monkeypatch):
+  # --lost_worker_secs, for every role: a task whose port took nothing for
+  # that long is lost; one that answers again starts over.
+  for name in ('LOST_SECS', 'REPORT_SECS'):
+    monkeypatch.setattr(liveness, name, getattr(liveness, name))
+  monkeypatch.delenv('TF_CONFIG', raising=False)  # The caller's: not ours.
+  flags(['train_distributed.py', '--job_name=ps', '--task_index=0',
+         '--lost_worker_secs=3'])
+  import train_distributed  # pylint: disable=g-import-not-at-top
+  train_distributed.check_flags()
+  clock = Clock()
+  tracker = liveness.Tracker(['a:1', 'b:2'], clock=clock)
+  assert tracker.lost_secs == 3
+  tracker.observe({1: 'Connection refused'}, [0, 1])
+  clock.now = 2.9
+  assert not tracker.lost(1) and tracker.away_secs(1) == 2.9
+  tracker.observe({1: 'Connection timed out'}, [0, 1])  # Still away.
+  clock.now = 3.0
+  assert tracker.lost(1) and not tracker.lost(0)
+  assert tracker.why(1) == 'Connection timed out'
+  tracker.observe({}, [1])  # Back: it starts over.
+  assert not tracker.lost(1) and tracker.why(1) is None
+  tracker.progress(0)
+  clock.now = 5.5
+  assert tracker.still_secs(0) == 2.5 and tracker.still_secs(1) is None

@@ -5,7 +5,7 @@ Restoring a checkpoint of another model fails deep inside a session with a
 long traceback (the chief) or not at all (the evaluator would skip it
 forever); both check the names and shapes first and stop with one line. A
 checkpoint that lacks only what the code can rebuild (an earlier release's,
-without the moving averages) is resumed, not refused.
+without the moving averages: earlier_releases.py) is resumed, not refused.
 A checkpoint whose files are damaged (truncated by a crash or a full disk)
 is skipped for the newest one that reads back whole, and never deleted. A
 save that fails (disk full, read-only, quota) leaves the last good
@@ -21,7 +21,7 @@ import shutil
 
 import tensorflow as tf
 
-from training import transfers
+from training import tf_compat
 
 tf1 = tf.compat.v1
 
@@ -67,7 +67,7 @@ def saved_name_and_shape(var):
   A slice of a partitioned variable (see placement) is saved as part of
   the full variable.
   """
-  return transfers.saved_name_and_shape(var)
+  return tf_compat.saved_name_and_shape(var)
 
 
 def mismatch(checkpoint, variables, can_rebuild=lambda var: False):
@@ -295,7 +295,7 @@ def write_failure(train_dir, step, error, lost=None):
       not read).
     error: The save's TensorFlow error.
     lost: Why, when the cause is a lost task of the cluster (the ps tasks
-      that cannot be reached, cluster_runtime.lost_ps): a LostPsError.
+      that cannot be reached, liveness.lost_ps): a LostPsError.
   """
   if step is not None:
     shutil.rmtree(os.path.join(train_dir, 'model.ckpt-%d_temp' % step),
@@ -319,23 +319,3 @@ def write_failure(train_dir, step, error, lost=None):
           'start the lost task again, then this one: it resumes from there'
           if lost
           else 'free space or fix the directory, then restart to resume'))
-
-
-class Rebuild:
-  """Resumes from a checkpoint that lacks the moving averages (written
-  before they were kept): the averages start from the restored weights.
-
-  Built before the graph is finalized, for the variables that checkpoint
-  lacks: a Saver of the others, and an op that sets each missing average
-  to its weight.
-  """
-
-  def __init__(self, missing, shadows):
-    """Args: missing: the variables the checkpoint lacks, all averages;
-    shadows: {moving average: its weight} of the model."""
-    self.missing = set(missing)
-    self.saver = tf1.train.Saver(
-        [v for v in tf1.global_variables() if v not in self.missing],
-        sharded=True)
-    self.init_missing = tf.group(*[
-        s.assign(shadows[s], read_value=False) for s in missing])

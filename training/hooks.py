@@ -2,28 +2,24 @@
 
 SyncReplicasHook starts and stops the chief's sync thread cleanly;
 CheckpointSaverHook saves, and says in one line why a save failed;
-SkippedStepsHook, LearningRateLineHook and TraceStepsHook say what the loss
-scale, the learning rate and a traced step did; StopOnSignalHook makes
-SIGINT/SIGTERM checkpoint and exit. The hooks that watch who of the cluster
-is there are in presence.py. TimeLeft, not a hook, estimates the time to
---max_steps for the progress line.
+SkippedStepsHook and LearningRateLineHook say what the loss scale and the
+learning rate did; StopOnSignalHook makes SIGINT/SIGTERM checkpoint and
+exit. The hooks that watch who of the cluster is there are in presence.py,
+the one that traces steps in tracing.py.
 """
 
-import collections
 import os
-import re
 import signal
 import sys
 import threading
-import time
 
 import tensorflow as tf
 
 from training import checkpoints
-from training import cluster_runtime
+from training import chief_start
 from training import learning_rate
-from training import session as session_lib
-from training import transfers
+from training import liveness
+from training import process
 
 tf1 = tf.compat.v1
 
@@ -61,7 +57,7 @@ class SyncReplicasHook(tf1.train.SessionRunHook):
         session.run(self._sync_op)
     except (tf.errors.CancelledError, tf.errors.OutOfRangeError, RuntimeError):
       pass  # The session or the token queue was closed: training is over.
-    except (tf.errors.UnavailableError, tf.errors.AbortedError):
+    except liveness.LOST_TASK_ERRORS:
       # A ps went away. The training loop's own step fails the same way and
       # MonitoredSession recovers; reported to the coordinator, this error
       # would be raised again when the broken session closes, and kill us.
@@ -106,7 +102,7 @@ class CheckpointSaverHook(tf1.train.SessionRunHook):
       self._writer.add_meta_graph(self._scaffold.saver.export_meta_graph())
       self._save(session, step)
       self._last_saved = step
-    except cluster_runtime.LOST_TASK_ERRORS:
+    except liveness.LOST_TASK_ERRORS:
       raise  # MonitoredSession creates the session again once it is back.
     except tf.errors.OpError as e:
       raise checkpoints.write_failure(
@@ -131,14 +127,14 @@ class CheckpointSaverHook(tf1.train.SessionRunHook):
       if step != self._last_saved:
         self._save(session, step)
       return
-    except cluster_runtime.LOST_TASK_ERRORS as e:  # Before the save.
+    except liveness.LOST_TASK_ERRORS as e:  # Before the save.
       error = checkpoints.write_failure(
-          self._train_dir, None, e, cluster_runtime.lost_ps(self._ps_hosts) or
+          self._train_dir, None, e, liveness.lost_ps(self._ps_hosts) or
           checkpoints.first_line(e))
     except checkpoints.LostPsError as e:  # The save's.
       error = e
     print('Error: %s' % error, file=sys.stderr, flush=True)
-    session_lib.exit_now(3)
+    process.exit_now(3)
 
   def _save(self, session, step):
     """Writes the checkpoint named after the step it holds (see
@@ -146,11 +142,11 @@ class CheckpointSaverHook(tf1.train.SessionRunHook):
     saver = self._scaffold.saver
     try:
       checkpoints.save(saver, session, self._train_dir, step)
-    except cluster_runtime.LOST_TASK_ERRORS as e:
+    except liveness.LOST_TASK_ERRORS as e:
       if not self._ending:
         raise  # A lost ps: MonitoredSession waits for it and recovers.
       raise checkpoints.write_failure(
-          self._train_dir, step, e, cluster_runtime.lost_ps(self._ps_hosts) or
+          self._train_dir, step, e, liveness.lost_ps(self._ps_hosts) or
           checkpoints.first_line(e)) from e
     except tf.errors.OpError as e:
       raise checkpoints.write_failure(self._train_dir, step, e) from e
@@ -181,7 +177,7 @@ class SkippedStepsHook(tf1.train.SessionRunHook):
     skipped, scale = run_values.results
     if skipped > self.said:
       self.said = skipped
-      session_lib.say_as_chief(
+      chief_start.say_as_chief(
           '%d steps so far had float16 gradients that overflowed; they left '
           'the weights as they were, and the loss scale is now %g' % (
               skipped, scale))
@@ -206,71 +202,6 @@ class LearningRateLineHook(tf1.train.SessionRunHook):
     step, rate = session.run(self.reads)
     print('Worker 0: learning rate: %s; %.4g at global step %d' % (
         learning_rate.describe(self.graph.schedule), rate, step), flush=True)
-
-
-class TraceStepsHook(tf1.train.SessionRunHook):
-  """Writes a Chrome trace of some of this worker's own steps into train_dir.
-
-  FULL_TRACE: every op of the step on every device it touched, the ps tasks'
-  reads and applies and the transfers included. TensorFlow's ProfilerHook
-  traces global steps; this the worker's own, one file each per worker.
-  """
-
-  def __init__(self, steps, train_dir, task_index):
-    """Args: steps: local step numbers, from 1; task_index: this worker's."""
-    self._steps = set(steps)
-    self._train_dir = train_dir
-    self._task_index = task_index
-    self._local_step = 0
-
-  def before_run(self, run_context):
-    self._local_step += 1
-    if self._local_step in self._steps:
-      return tf1.train.SessionRunArgs(None, options=tf1.RunOptions(
-          trace_level=tf1.RunOptions.FULL_TRACE))
-    return None
-
-  def after_run(self, run_context, run_values):
-    if self._local_step not in self._steps:
-      return
-    stats = run_values.run_metadata.step_stats
-    path = os.path.join(self._train_dir, 'trace_worker%d_step%d.json' % (
-        self._task_index, self._local_step))
-    with open(path, 'w') as f:
-      f.write(transfers.chrome_trace(stats))
-    pulled, pushed = transfer_bytes(
-        stats, '/job:worker/replica:0/task:%d/' % self._task_index)
-    print('Worker %d: wrote the trace of its step %d to %s; the step pulled '
-          '%d bytes from the ps tasks and pushed %d' % (
-              self._task_index, self._local_step, path, pulled, pushed),
-          flush=True)
-
-
-# The label of a transfer in a step's stats: `[18432B] [248.2Mb/s]
-# edge_77_Cast_4 from /job:ps/replica:0/task:0/device:CPU:0 to /job:...`
-# (its size rounded, `[0.3MB]`, for large ones: the exact size is the
-# RecvTensor's output allocation).
-TRANSFER = re.compile(r'^\[[\d.]+[KMG]?B\] .* from (\S+) to (\S+)$')
-
-
-def transfer_bytes(step_stats, worker):
-  """(bytes from the ps tasks to worker, bytes from worker to them) in a
-  traced step, from its RecvTensor records (the ps side's only when a ps
-  sent its stats back in time)."""
-  pulled = pushed = 0
-  for device in step_stats.dev_stats:
-    for node in device.node_stats:
-      match = TRANSFER.match(node.timeline_label)
-      if node.node_name != 'RecvTensor' or not match:
-        continue
-      size = sum(o.tensor_description.allocation_description.requested_bytes
-                 for o in node.output)
-      source, dest = match.groups()
-      if source.startswith('/job:ps/') and dest.startswith(worker):
-        pulled += size
-      elif source.startswith(worker) and dest.startswith('/job:ps/'):
-        pushed += size
-  return pulled, pushed
 
 
 class StopOnSignalHook(tf1.train.SessionRunHook):
@@ -366,7 +297,7 @@ class StopOnSignalHook(tf1.train.SessionRunHook):
       # A lost ps closes the session (MonitoredSession waits for it):
       # that ps is the cause, not "Attempted to use a closed Session".
       last, _ = checkpoints.newest_readable(self._train_dir)
-      lost = cluster_runtime.lost_ps(self._ps_hosts)
+      lost = liveness.lost_ps(self._ps_hosts)
       return 'could not write a checkpoint%s; %s' % (
           ': %s cannot be reached' % lost if lost else
           ' (%s)' % checkpoints.first_line(e),
@@ -378,32 +309,4 @@ class StopOnSignalHook(tf1.train.SessionRunHook):
 
   @staticmethod
   def _exit(signum):
-    session_lib.exit_now(128 + signum)  # The main thread may be blocked.
-
-
-class TimeLeft:
-  """The time left to max_steps, at the recent rate of the global step.
-
-  The global step counts every worker's updates, so the chief's estimate is
-  the cluster's. Recent: the first steps are slower, and a worker that
-  joins or leaves changes the rate.
-  """
-
-  WINDOW = 5  # Progress lines the rate is measured over.
-
-  def __init__(self, max_steps, clock=time.time):
-    """Args: clock: returns the time in seconds (a test's own clock)."""
-    self._max_steps = max_steps
-    self._clock = clock
-    self._points = collections.deque(maxlen=self.WINDOW + 1)
-
-  def update(self, step):
-    """Records the global step reached now; returns the time left, H:MM:SS
-    ('?' before the step has moved)."""
-    self._points.append((self._clock(), step))
-    (then, first), (now, last) = self._points[0], self._points[-1]
-    if last <= first or now <= then:
-      return '?'
-    secs = round(max(0, self._max_steps - last) * (now - then) /
-                 (last - first))
-    return '%d:%02d:%02d' % (secs // 3600, secs // 60 % 60, secs % 60)
+    process.exit_now(128 + signum)  # The main thread may be blocked.

@@ -35,6 +35,8 @@ import math
 
 import tensorflow as tf
 
+from training import earlier_releases
+
 tf1 = tf.compat.v1
 
 REFERENCE_BATCH = 128  # The reference's --batch_size, which 0.1 is for.
@@ -114,17 +116,13 @@ FIELD_NAMES = {'kind': '--lr_schedule', 'initial': '--initial_learning_rate',
                'scaling': '--lr_scaling', 'warmup_steps': '--warmup_steps',
                'max_steps': '--max_steps', 'decay_steps': 'decay steps',
                'decay_factor': '--learning_rate_decay_factor'}
-# What the releases before --lr_schedule did (their other values are not
-# known: they were the run's flags).
-EARLIER_RELEASE = {'kind': 'exponential', 'scaling': 'none',
-                   'warmup_steps': 0}
 
 
 def changes(recorded, schedule):
   """What differs between a recorded schedule (a dict of Schedule's fields;
   None: a run of an earlier release) and this one: ['--max_steps 4700 ->
   9400', ...], in Schedule's order."""
-  before = EARLIER_RELEASE if recorded is None else recorded
+  before = earlier_releases.SCHEDULE if recorded is None else recorded
   now = schedule._asdict()
   return ['%s %s -> %s' % (FIELD_NAMES[name], before[name], now[name])
           for name in Schedule._fields

@@ -116,7 +116,7 @@ def mixed_precision_hint(task_index, num_gpus, cpuinfo='/proc/cpuinfo'):
     return None
   return ('Worker %d: this CPU has AMX-BF16: --mixed_precision would be '
           'faster here (bfloat16 compute, 1.70x images/s on a 2-core Xeon '
-          'with AMX in scripts/benchmark.py, the quickstart\'s accuracy '
+          'with AMX in tools/benchmark.py, the quickstart\'s accuracy '
           'unchanged; %s)' % (task_index, STAY_FLOAT32))
 
 

@@ -1,10 +1,11 @@
 """Who of the cluster is there: the workers that joined, and the chief.
 
 Three session hooks that watch from threads and name what is missing, as
-cluster_runtime.WaitReporter does before the session: JoinedWorkersHook,
-the listed workers a synchronous chief goes on without; ChiefWatchHook, a
-lost chief, for which the other workers wait; LostWorkersHook, the chief's
-watch on workers lost for good, whose token it gives back.
+liveness.WaitReporter does before the session: JoinedWorkersHook, the
+listed workers a synchronous chief goes on without; ChiefWatchHook, a lost
+chief, for which the other workers wait; LostWorkersHook, the chief's watch
+on workers lost for good, whose token it gives back. Whether a task is lost
+is liveness.Tracker's to say; the queues they read are sync_protocol's.
 """
 
 import threading
@@ -12,7 +13,8 @@ import time
 
 import tensorflow as tf
 
-from training import cluster_runtime
+from training import liveness
+from training import sync_protocol
 
 tf1 = tf.compat.v1
 
@@ -29,9 +31,8 @@ class JoinedWorkersHook(tf1.train.SessionRunHook):
     self._task_index = task_index
     self._worker_hosts = worker_hosts
     self._replicas = replicas
-    queues = cluster_runtime.join_queues(len(worker_hosts))
-    self._sizes = [q.size() for q in queues]
-    self._post = queues[task_index].enqueue(task_index)
+    self._sizes = sync_protocol.joined_sizes(len(worker_hosts))
+    self._post = sync_protocol.post_joined(len(worker_hosts), task_index)
 
   def after_create_session(self, session, coord):
     # Once: a restarted worker has joined already (and its queue holds one
@@ -46,22 +47,20 @@ class JoinedWorkersHook(tf1.train.SessionRunHook):
     return [i for i, size in enumerate(session.run(self._sizes)) if not size]
 
   def _watch(self, session):
-    """Looks every second; names the missing after WAIT_REPORT_SECS, then
-    every WAIT_REPEAT_SECS, and says when they are all there."""
-    next_report, reported = cluster_runtime.WAIT_REPORT_SECS, False
-    start = time.time()
+    """Looks every second; names the missing at liveness.Cadence, and says
+    when they are all there."""
+    cadence, reported = liveness.Cadence(), False
     try:
       while True:
         time.sleep(1)
         missing = self._missing(session)
         if not missing:
           break
-        if time.time() - start >= next_report:
+        if cadence.due():
           print('Worker 0: waiting for %s to join; meanwhile the workers '
                 'that have joined compute its share of the %d gradients per '
-                'step' % (cluster_runtime.workers_named(
+                'step' % (liveness.workers_named(
                     missing, self._worker_hosts), self._replicas), flush=True)
-          next_report += cluster_runtime.WAIT_REPEAT_SECS
           reported = True
     except (tf.errors.OpError, RuntimeError):
       return  # The session ended, or a ps was lost: a new one starts over.
@@ -77,14 +76,12 @@ class ChiefWatchHook(tf1.train.SessionRunHook):
   Only the chief writes checkpoints (and, synchronous, runs the updates):
   workers that trained on without it would make steps no one saves, which
   the returning chief's restore would undo. So they wait; the chief that
-  comes back keeps the model the ps tasks hold (SessionCreator). Its server
-  takes connections while it runs, so a connection refused or timed out for
-  GONE_SECS is a lost chief, or, with the global step at max_steps, one
-  that finished.
+  comes back keeps the model the ps tasks hold (SessionCreator). A chief
+  lost (liveness.Tracker, --lost_worker_secs) with the global step at
+  max_steps is one that finished.
   """
 
   POLL_SECS = 2
-  GONE_SECS = 6
 
   def __init__(self, task_index, chief_host, global_step, max_steps):
     self._name = 'Worker %d' % task_index
@@ -113,20 +110,15 @@ class ChiefWatchHook(tf1.train.SessionRunHook):
       return False  # A ps lost too: that is said on its own.
 
   def _watch(self):
-    lost_since = None
+    chief = liveness.Tracker([self._chief_host])
     while True:
       time.sleep(self.POLL_SECS)
-      lost = cluster_runtime.unreachable([self._chief_host])
-      if not lost:
-        lost_since = None
+      if not chief.probe(timeout=2.0):
         if not self._present.is_set():
           print('%s: the chief, worker 0 at %s, is back; going on' % (
               self._name, self._chief_host), flush=True)
           self._present.set()
-        continue
-      lost_since = lost_since or time.time()
-      if (self._present.is_set() and
-          time.time() - lost_since >= self.GONE_SECS):
+      elif self._present.is_set() and chief.lost(0):
         if self._finished():
           return
         self._present.clear()
@@ -134,15 +126,14 @@ class ChiefWatchHook(tf1.train.SessionRunHook):
               'written until it is back, and the steps since its last one '
               'are only on the ps tasks, which keep them: start it again '
               'and it goes on from there. This worker waits for it' % (
-                  self._name, self._chief_host, lost[0][2]), flush=True)
+                  self._name, self._chief_host, chief.why(0)), flush=True)
 
 
 class LostWorkersHook(tf1.train.SessionRunHook):
   """The chief's watch on the other workers: names one lost for good, and
   in synchronous training gives the workers left the token it held.
 
-  A worker's server takes connections while it runs, so a worker seen once
-  whose port then refuses (or does not answer) for lost_secs is lost. The
+  A worker seen once that liveness.Tracker then finds lost is named. The
   updates go on without it: SyncReplicasOptimizer's tokens are not per
   worker, so the workers left compute its share of each update, but the
   token it took for its step in flight went with it, and with every other
@@ -154,35 +145,19 @@ class LostWorkersHook(tf1.train.SessionRunHook):
 
   POLL_SECS = 1
 
-  def __init__(self, *, worker_hosts, lost_secs, global_step, replicas=None):
-    """Args: worker_hosts: the listed workers; lost_secs: how long a port
-    refuses before its worker counts as lost; global_step: the training
+  def __init__(self, *, worker_hosts, global_step, replicas=None):
+    """Args: worker_hosts: the listed workers; global_step: the training
     graph's; replicas: gradients an update takes (synchronous), or None."""
     self._hosts = worker_hosts
-    self._lost_secs = lost_secs
     self._replicas = replicas
     self._reads = self._refill = None
-    # Who has joined (JoinedWorkersHook's posts on ps 0).
-    self._joined = [q.size() for q in cluster_runtime.join_queues(
-        len(worker_hosts))]
+    self._joined = sync_protocol.joined_sizes(len(worker_hosts))
     if replicas:
-      # SyncReplicasOptimizer's token queue and, on each ps, a variable's
-      # gradient accumulator, by the shared names it gives them (a worker
-      # lost in its step may have given its gradients to one ps only).
-      with tf1.device(global_step.device):
-        tokens = tf1.FIFOQueue(-1, global_step.dtype.base_dtype, shapes=(),
-                               shared_name='sync_token_q',
-                               name='lost_workers_tokens')
-        self._refill = tokens.enqueue(global_step.read_value())
-      counts = {}
-      for var in tf1.trainable_variables():
-        if var.device not in counts:
-          with tf1.colocate_with(var):
-            counts[var.device] = tf1.ConditionalAccumulator(
-                var.dtype.base_dtype, shape=var.shape,
-                shared_name=var.name + '/grad_accum',
-                name='lost_workers_grads').num_accumulated()
-      self._reads = [tokens.size(), tf.reduce_min(list(counts.values())),
+      # A worker lost in its step may have given its gradients to one ps
+      # only: the fewest any ps holds is what the update waits on.
+      self._refill = sync_protocol.refill_token(global_step)
+      self._reads = [sync_protocol.token_queue(global_step).size(),
+                     sync_protocol.fewest_gradients(),
                      global_step.read_value()]
     self._session = None
 
@@ -203,13 +178,13 @@ class LostWorkersHook(tf1.train.SessionRunHook):
     return seen | {i for i, size in enumerate(sizes) if size and i}
 
   def _watch(self):
-    seen, lost, since = set(), set(), {}
+    workers = liveness.Tracker(self._hosts)
+    others = range(1, len(self._hosts))  # The chief is 0.
+    seen, lost = set(), set()
     owed, stalled = set(), []  # The lost whose token is not back yet.
     while True:
-      down = {i + 1: why for i, _, why in cluster_runtime.unreachable(
-          self._hosts[1:], timeout=1.0)}  # By worker index: the chief is 0.
-      now = time.time()
-      for i in range(1, len(self._hosts)):
+      down = workers.probe(others)
+      for i in others:
         if i not in down:
           if i in lost:
             lost.discard(i)
@@ -217,21 +192,19 @@ class LostWorkersHook(tf1.train.SessionRunHook):
             print('Worker 0: worker %d at %s is back; it trains again' % (
                 i, self._hosts[i]), flush=True)
           seen.add(i)
-          since.pop(i, None)
-        elif i in seen and i not in lost:
-          since.setdefault(i, now)
-          if now - since[i] >= self._lost_secs:
-            lost.add(i)
-            if self._replicas:
-              owed.add(i)
-            print(self._lost_line(i, down[i], len(lost)), flush=True)
+        elif i in seen and i not in lost and workers.lost(i):
+          lost.add(i)
+          if self._replicas:
+            owed.add(i)
+          print(self._lost_line(i, down[i], len(lost), workers.lost_secs),
+                flush=True)
       if len(seen) < len(self._hosts) - 1:
         seen = self._watched(seen)
       if owed and self._give_back_token(stalled):
         owed.pop()
       time.sleep(self.POLL_SECS)
 
-  def _lost_line(self, i, why, num_lost):
+  def _lost_line(self, i, why, num_lost, lost_secs):
     left = len(self._hosts) - num_lost
     if not self._replicas:
       share = 'the %d left train on' % left
@@ -242,8 +215,7 @@ class LostWorkersHook(tf1.train.SessionRunHook):
       share = 'the %d left compute its share of each update of %d gradients' % (
           left, self._replicas)
     return ('Worker 0: lost worker %d at %s (%s for %d s); %s; start it again '
-            'and it rejoins' % (i, self._hosts[i], why, self._lost_secs,
-                                share))
+            'and it rejoins' % (i, self._hosts[i], why, lost_secs, share))
 
   def _give_back_token(self, stalled):
     """Puts one token back once the updates have stalled for 3 polls in a

@@ -11,6 +11,7 @@ import json
 import os
 
 from training import data_layout
+from training import earlier_releases
 from training import learning_rate
 from training.checkpoints import TrainDirError
 
@@ -52,9 +53,9 @@ def check_data_record(train_dir, found, resume, new_data, say):
         train_dir, data_layout.describe(recorded),
         data_layout.describe(found)))
   else:
-    say('training on %s%s' % (data_layout.describe(found), (
-        '; %s did not say what it was trained on before (an earlier '
-        'release)' % train_dir) if resume and not recorded else ''))
+    say('training on %s%s' % (data_layout.describe(found),
+                              earlier_releases.no_data_record(train_dir)
+                              if resume and not recorded else ''))
     if recorded and recorded['sha256'] == found['sha256']:
       return
   try:
@@ -102,10 +103,8 @@ def check_schedule_record(train_dir, schedule, resume, say):
     say('%s was trained with %s; from global step %d on it follows this '
         'one (%s); give every task the earlier flags to keep %s' % (
             train_dir, 'another learning-rate schedule' if recorded else
-            'the learning rate of an earlier release (the reference\'s '
-            'exponential schedule, unscaled, no warmup)', resume.step,
-            ', '.join(changed), 'it' if recorded else
-            'it: --lr_schedule=exponential --lr_scaling=none --warmup_steps=0'))
+            earlier_releases.SCHEDULE_SAID, resume.step, ', '.join(changed),
+            'it' if recorded else 'it: ' + earlier_releases.SCHEDULE_FLAGS))
   if recorded == schedule._asdict():
     return
   try:

@@ -1,25 +1,21 @@
-"""The worker's session: its creation and recovery, the chief's start, exit.
+"""The worker's session: its creation and recovery, and a step run in it.
 
 SessionCreator polls for the chief every 0.5 s instead of 30 s, restores
 the newest checkpoint that can be read (or keeps the model the ps tasks
 still hold), and says what it waits for and when the cluster is back;
-ReportLostTask turns TensorFlow's INFO note about a lost task into one line;
 run_step recovers from a lost task that TensorFlow reports as a cancelled
-step; chief_start is what the chief says and checks before its session;
-exit_now and finished end the process. The hooks are in hooks.py.
+step. The hooks are in hooks.py.
 """
 
-import logging
 import os
 import sys
 
 import tensorflow as tf
 
 from training import checkpoints
-from training import cluster_runtime
-from training import log_filter
-from training import placement
-from training import run_records
+from training import earlier_releases
+from training import liveness
+from training.chief_start import say_as_chief
 
 tf1 = tf.compat.v1
 
@@ -27,34 +23,6 @@ tf1 = tf.compat.v1
 # again. The stock session creators poll every 30 s, which a synchronous
 # chief then spends waiting for that worker's first gradients.
 RECOVERY_WAIT_SECS = 0.5
-
-
-class ReportLostTask(logging.Filter):
-  """Turns TensorFlow's note that a task was lost into one line on stderr.
-
-  When a ps or the chief goes away, MonitoredSession catches the
-  UnavailableError or AbortedError, logs it at INFO level (below what we
-  show) and waits, inside the close of the broken session, for the task to
-  come back. This filter on TensorFlow's logger is the one place that hears
-  of it when it happens; everything else stays hidden as before.
-  """
-
-  PREFIX = 'An error was raised. This may be due to a preemption'
-
-  def __init__(self, task_index):
-    super().__init__()
-    self._task_index = task_index
-
-  def filter(self, record):
-    if record.levelno >= logging.ERROR:
-      return True
-    message = record.getMessage()
-    if message.startswith(self.PREFIX):
-      print('Worker %d: lost a task of the cluster (%s); waiting for it to '
-            'come back' % (self._task_index, checkpoints.first_line(
-                message.split(' Error: ', 1)[-1])), file=sys.stderr,
-            flush=True)
-    return False
 
 
 def run_step(sess, fetches):
@@ -74,47 +42,6 @@ def run_step(sess, fetches):
       raise tf.errors.AbortedError(e.node_def, e.op, e.message) from e
 
   return sess.run_step_fn(step_fn)
-
-
-def chief_start(train_dir, data, new_data, max_steps, num_ps, schedule,
-                shadows):
-  """What the chief says and checks before its session: the data it trains
-  on (run_records.check_data_record), what it resumes, a schedule of the
-  learning rate that changed, a run already at max_steps, and what each ps
-  holds.
-
-  Args:
-    train_dir: --train_dir, made.
-    data: data_layout.identity() of --data_dir.
-    new_data: --new_data.
-    max_steps: --max_steps.
-    num_ps: The ps tasks.
-    schedule: The learning_rate.Schedule of this run.
-    shadows: {moving average: its weight}: the averages a checkpoint of an
-      earlier release may lack and that start from their weights.
-
-  Returns:
-    The checkpoints.Resume to resume from, or None.
-  """
-  resume = checkpoints.resume_point(train_dir, tf1.global_variables(),
-                                    say_as_chief, shadows.__contains__)
-  run_records.check_data_record(train_dir, data, resume, new_data,
-                                say_as_chief)
-  run_records.check_schedule_record(train_dir, schedule, resume,
-                                    say_as_chief)
-  if resume and resume.step >= max_steps:
-    say_as_chief('%s is at global step %d, at or past --max_steps=%d: '
-                 'nothing to train, it stops at once (raise --max_steps to '
-                 'train on, or --fresh_start to start over)' % (
-                     resume.path, resume.step, max_steps))
-  for line in placement.describe_loads(tf1.global_variables(), num_ps):
-    say_as_chief(line)
-  return resume
-
-
-def say_as_chief(line):
-  """Prints one of the chief's notes about its checkpoints."""
-  print('Worker 0: %s' % line, file=sys.stderr, flush=True)
 
 
 class SessionCreator(tf1.train.SessionCreator):
@@ -143,7 +70,7 @@ class SessionCreator(tf1.train.SessionCreator):
     self._resume = resume
     # What an earlier release's checkpoint lacks, made while it can be.
     self._shadows = shadows
-    self._rebuild = (checkpoints.Rebuild(resume.missing, shadows)
+    self._rebuild = (earlier_releases.Rebuild(resume.missing, shadows)
                      if resume and resume.missing else None)
     self._sessions = 0
 
@@ -168,7 +95,7 @@ class SessionCreator(tf1.train.SessionCreator):
         ready_for_local_init_op=self._scaffold.ready_for_local_init_op,
         graph=tf1.get_default_graph(),
         recovery_wait_secs=RECOVERY_WAIT_SECS)
-    with cluster_runtime.WaitReporter(self._waiting_for):
+    with liveness.WaitReporter(self._waiting_for):
       if not self._is_chief:
         return manager.wait_for_session(self._master, config=self._config)
       return manager.prepare_session(self._master, config=self._config,
@@ -208,14 +135,8 @@ class SessionCreator(tf1.train.SessionCreator):
     if not resume.missing:
       self._scaffold.saver.restore(session, resume.path)
     elif self._rebuild and set(resume.missing) == self._rebuild.missing:
-      session.run(self._scaffold.init_op)
-      self._rebuild.saver.restore(session, resume.path)
-      session.run(self._rebuild.init_missing)
-      say_as_chief('%s has no moving averages of the weights (an earlier '
-                   'release wrote it): resuming from it, the %d averages '
-                   'starting from its weights' % (resume.path, len({
-                       checkpoints.saved_name_and_shape(v)[0]
-                       for v in resume.missing})))
+      say_as_chief(self._rebuild.restore(session, self._scaffold.init_op,
+                                         resume.path))
     else:  # Checked at start: only a checkpoint written since could be.
       raise checkpoints.TrainDirError(
           '%s lacks variables this run did not prepare to rebuild: restart '
@@ -229,30 +150,12 @@ class SessionCreator(tf1.train.SessionCreator):
     """The line to print while the session is not there yet, or None."""
     if not self._task.ps_hosts:
       return None
-    missing = cluster_runtime.unreachable(self._task.ps_hosts)
+    missing = liveness.unreachable(self._task.ps_hosts)
     if missing:
       return '%s: waiting for %s; start %s, or check --ps_hosts' % (
-          self._name, cluster_runtime.name_ps(missing),
+          self._name, liveness.name_ps(missing),
           'it' if len(missing) == 1 else 'them')
     if not self._is_chief:
       return ('%s: waiting for the chief, worker 0 at %s, to initialize or '
               'restore the model' % (self._name, self._task.worker_hosts[0]))
     return None
-
-
-def exit_now(status):
-  """Exits at once, whatever other threads wait for, with status."""
-  sys.stdout.flush()
-  log_filter.drain()  # os._exit skips atexit: get the last lines out.
-  os._exit(status)
-
-
-def finished(task_index, step, max_steps):
-  """Says where this worker's training ended; returns the exit status: 0
-  at max_steps, 1 before it or when the step is not known."""
-  if step is None:
-    return 1
-  print('Worker %d: training finished at global step %d' % (task_index,
-                                                            step),
-        flush=True)
-  return 0 if step >= max_steps else 1

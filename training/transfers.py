@@ -9,20 +9,18 @@ ops on the same values: tests/test_transfers.py checks that a packed and a
 plain step make the same update. --nopack_transfers leaves the graph as the
 article builds it.
 
-This module is the suite's only user of TensorFlow's private API: the
-packing's rewiring, and what the suite cannot do without: tf-slim's name for
-a tensor, the writer of Chrome traces, the name a slice of a partitioned
-variable is saved under. Each use says what breaks
-if TensorFlow changes it; tests/test_transfers.py fails then and names the
-transfers that are no longer packed.
+The packing's rewiring uses TensorFlow's private API (the suite's other
+uses, which it cannot do without, are in tf_compat.py). Each use says what
+breaks if TensorFlow changes it; tests/test_transfers.py fails then and
+names the transfers that are no longer packed.
 """
 
 import collections
 
 import tensorflow as tf
-from tensorflow.python.client import timeline
-from tensorflow.python.framework import ops as framework_ops
-from tensorflow.python.training import training_util
+
+from training import sync_protocol
+from training import tf_compat
 
 tf1 = tf.compat.v1
 
@@ -42,7 +40,7 @@ def pack(*, fetches, gradients, statistics, transfer_dtype, sync):
       receiver; the ps accumulates and applies in float32).
     sync: Whether the graph has a SyncReplicasOptimizer.
   """
-  one_step_read(tf1.train.get_global_step())
+  tf_compat.one_step_read(tf1.train.get_global_step())
   consumers = _consumers(_ops_run_by(fetches))
   trainable = {v.ref() for v in tf1.trainable_variables()}
   groups = collections.OrderedDict()
@@ -103,7 +101,8 @@ def _task(device):
 
 def _in_control_flow(op):
   # Private: Operation._get_control_flow_context. If it goes, every op looks
-  # outside a cond and a rewired input inside one fails the graph's import.
+  # outside a cond and a rewired input inside one fails the graph's import;
+  # --nopack_transfers runs without.
   return op._get_control_flow_context() is not None  # pylint: disable=protected-access
 
 
@@ -159,31 +158,12 @@ def send_packed(pieces, *, source, dest, cast=None):
         op._update_input(index, piece)  # pylint: disable=protected-access
 
 
-def one_step_read(global_step):
-  """Gives TensorFlow's hooks one plain read of the global step.
-
-  StopAtStepHook, CheckpointSaverHook and SummarySaverHook fetch the global
-  step every step through a tensor TensorFlow makes once per graph: a
-  tf.cond that checks it is initialized, split between its ps and the
-  worker. In a session made ready it always is: registered first, this read
-  is the one they all fetch.
-  """
-  # Private: training_util.GLOBAL_STEP_READ_KEY, the collection of that
-  # tensor. If it goes, the hooks make their cond again (6 transfers a step).
-  if tf1.get_collection(training_util.GLOBAL_STEP_READ_KEY):
-    return
-  with tf1.colocate_with(global_step):
-    read = tf.identity(global_step.read_value(), name='global_step_read')
-  tf1.add_to_collection(training_util.GLOBAL_STEP_READ_KEY, read)
-
-
 def _group_token_waits(graph):
   """A synchronous worker dequeues its token (on the global step's ps) after
   every accumulator took its gradient: a control edge from each, a transfer
   each from another ps. One group per ps is the same wait."""
   for op in graph.get_operations():
-    if not (op.type == 'QueueDequeueV2' and
-            op.name.endswith('sync_token_q_Dequeue')):
+    if not sync_protocol.is_token_dequeue(op):
       continue
     by_device = collections.OrderedDict()
     for dep in op.control_inputs:
@@ -197,37 +177,3 @@ def _group_token_waits(graph):
     # without.
     op._remove_all_control_inputs()  # pylint: disable=protected-access
     op._add_control_inputs(groups)  # pylint: disable=protected-access
-
-
-def chrome_trace(step_stats):
-  """A traced step's stats as Chrome's trace format (JSON text)."""
-  # Private: tensorflow.python.client.timeline, TensorFlow's own writer of
-  # it. If it goes, --trace_steps fails at import of this module.
-  return timeline.Timeline(step_stats).generate_chrome_trace_format()
-
-
-def tf_slim_compat():
-  """Lets tf-slim build BatchNorm on TensorFlow 2.21; call before importing
-  tf_slim.
-
-  tf-slim 1.1.0 (its last release) tests isinstance(x, ops.Tensor) in its
-  layers, and TensorFlow's framework ops module no longer has Tensor:
-  slim.batch_norm raised AttributeError. The old name points at the public
-  class.
-  """
-  # Private: tensorflow.python.framework.ops, the module tf-slim reads. If
-  # it goes, tf-slim itself no longer imports.
-  if not hasattr(framework_ops, 'Tensor'):
-    framework_ops.Tensor = tf.Tensor
-
-
-def saved_name_and_shape(var):
-  """(name, shape) under which var is saved in a checkpoint: a slice of a
-  partitioned variable is saved as part of the full variable."""
-  # Private: Variable._save_slice_info, the Saver's own record of a slice.
-  # If it goes, a partitioned variable looks whole and a resume with 2 ps
-  # or more says its checkpoint does not fit.
-  info = getattr(var, '_save_slice_info', None)
-  if info is not None:
-    return info.full_name, list(info.full_shape)
-  return var.op.name, var.shape.as_list()

@@ -1,19 +1,20 @@
 """Which session hooks a worker runs, and in what order: TensorFlow's
 (NaN, stop at a step, summaries) and the suite's (training/hooks.py,
-training/presence.py), as the worker's role and the cluster call for.
+presence.py, tracing.py), as the worker's role and the cluster call for.
 """
 
 import tensorflow as tf
 
 from training import hooks as session_hooks
 from training import presence
+from training import tracing
 
 tf1 = tf.compat.v1
 
 
 def in_order(*, graph, scaffold, train_dir, task, single_process,
                  max_steps, save_checkpoint_steps, save_summaries_steps,
-                 replicas, lost_worker_secs, trace_steps):
+                 replicas, trace_steps):
   """A worker's session hooks, in the order they must run.
 
   Args:
@@ -22,7 +23,7 @@ def in_order(*, graph, scaffold, train_dir, task, single_process,
     single_process: Whether there is no cluster.
     max_steps, save_checkpoint_steps, save_summaries_steps: The flags'.
     replicas: Gradients a synchronous update takes.
-    lost_worker_secs, trace_steps: The flags' (trace_steps as numbers).
+    trace_steps: The flag's, as numbers.
   """
   task_index = task.task_index
   is_chief = task_index == 0
@@ -45,15 +46,15 @@ def in_order(*, graph, scaffold, train_dir, task, single_process,
     hooks.append(presence.JoinedWorkersHook(task_index, task.worker_hosts,
                                             sync_replicas))
     hooks.append(presence.LostWorkersHook(
-        worker_hosts=task.worker_hosts, lost_secs=lost_worker_secs,
-        global_step=graph.global_step, replicas=sync_replicas)
+        worker_hosts=task.worker_hosts, global_step=graph.global_step,
+        replicas=sync_replicas)
                  if is_chief else presence.ChiefWatchHook(
                      task_index, task.worker_hosts[0], graph.global_step,
                      max_steps))
   if graph.loss_scaling and is_chief:
     hooks.append(session_hooks.SkippedStepsHook(graph.loss_scaling.after))
   if trace_steps:
-    hooks.append(session_hooks.TraceStepsHook(trace_steps, train_dir,
+    hooks.append(tracing.TraceStepsHook(trace_steps, train_dir,
                                               task_index))
   # Last: its after_run comes after every other hook's checkpoint writes.
   hooks.append(session_hooks.StopOnSignalHook(

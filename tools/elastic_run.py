@@ -12,7 +12,7 @@ each global step is one worker's batch). With
 --compare_fixed, each seed also runs the job with every slot from the start.
 Each run's chief is evaluated on the whole test set (--run_once):
 
-  python3 scripts/elastic_run.py --data_dir=./fashion-mnist-batches-bin \\
+  python3 tools/elastic_run.py --data_dir=./fashion-mnist-batches-bin \\
       --work_dir=/tmp/elastic --workers=2,4,3 --change_steps=469,938 \\
       --max_steps=1406 --seeds=0,1,2,3 --compare_fixed -- \\
       --lr_schedule=cosine --lr_scaling=linear --warmup_steps=234
@@ -40,12 +40,16 @@ import subprocess
 import sys
 import time
 
-from benchmark_runs import PROGRESS, progress_lines, run_training, stop
-import plan_cluster
-from free_ports import free_ports
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, 'scripts'))  # The planner.
+from benchmark_runs import progress_lines, run_training, stop  # pylint: disable=g-import-not-at-top,wrong-import-position
+import plan_cluster  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training import ports  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training import process  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training import progress  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-SCRIPTS = os.path.dirname(os.path.abspath(__file__))
-TRAINER = os.path.join(os.path.dirname(SCRIPTS), 'train_distributed.py')
+TRAINER = os.path.join(ROOT, 'train_distributed.py')
 POLL_SECS = 0.2
 
 
@@ -151,7 +155,7 @@ class Job:
 
   def trained(self, name):
     """Whether the task name has printed a progress line."""
-    return bool(PROGRESS.search(self.log(name)))
+    return bool(progress.PATTERN.search(self.log(name)))
 
   def wait_for(self, predicate, what, running):
     """Polls predicate() until true; raises if one of the tasks named in
@@ -184,13 +188,13 @@ def run_job(*, run_dir, data_dir, seed, workers, change_steps, num_ps,
             max_steps, batch_size, trainer_flags):
   """Runs one job through its phases; returns its record (see main)."""
   slots = max(workers)
-  ports = ['localhost:%d' % p for p in free_ports(num_ps + slots)]
+  hosts = ['localhost:%d' % p for p in ports.free_ports(num_ps + slots)]
   ps_tasks = ['ps%d' % i for i in range(num_ps)]
   examples_per_update = batch_size * (
       1 if '--nosync_replicas' in trainer_flags else slots)
   train_dir = os.path.join(run_dir, 'train')
-  flags = ['--ps_hosts=' + ','.join(ports[:num_ps]),
-           '--worker_hosts=' + ','.join(ports[num_ps:]),
+  flags = ['--ps_hosts=' + ','.join(hosts[:num_ps]),
+           '--worker_hosts=' + ','.join(hosts[num_ps:]),
            '--data_dir=' + data_dir, '--train_dir=' + train_dir,
            '--max_steps=%d' % max_steps, '--batch_size=%d' % batch_size,
            '--seed=%d' % seed, '--log_frequency=5'] + trainer_flags
@@ -317,7 +321,7 @@ def main(argv=None):
                   predicted_images_per_sec={  # The planner's row's images/s.
                       n: round(plan_cluster.plan(
                           step_ms, n, args.link_gbit * 1e3, shares,
-                          args.batch_size, plan_cluster.MODEL_BYTES,
+                          args.batch_size, plan_cluster.network_bytes(),
                           dtype_bytes)[0][3], 1)
                       for n in sorted(set(args.workers))})
   kinds = [('elastic', args.workers, args.change_steps)]
@@ -350,4 +354,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
+  process.start()  # Before the planner loads TensorFlow.
   sys.exit(main())

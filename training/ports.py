@@ -1,5 +1,4 @@
-#!/usr/bin/env python3
-"""Prints N distinct TCP ports that are free now, for a local cluster.
+"""N distinct TCP ports that are free now, for a local cluster.
 
 A port from bind(('', 0)) comes from the kernel's ephemeral range, from which
 it also picks the source port of every outgoing connection: between the
@@ -8,7 +7,10 @@ cluster's own gRPC connections can take it. These ports come from below
 that range, which the kernel never hands out by itself, so only another
 program that picks ports the same way can race for them.
 
-  python3 scripts/free_ports.py 3     # e.g. 14231 18775 11092
+scripts/run_local_cluster.sh runs it (it prints them), the tools and the
+tests import it:
+
+  python3 training/ports.py 3     # e.g. 14231 18775 11092
 """
 
 import random

@@ -23,7 +23,7 @@ Prints Markdown tables and writes the numbers as JSON:
 Absolute numbers depend on the machine and whatever else runs on it; the
 ratios, measured minutes apart on the same machine, are what to compare.
 
-  python3 scripts/benchmark.py --quick
+  python3 tools/benchmark.py --quick
 
 This module owns the command line and the plan (which runs, in which
 order, how many rounds); benchmark_inputs.py measures the input pipelines,
@@ -43,11 +43,10 @@ from typing import NamedTuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, 'scripts'))
-from training import log_filter  # pylint: disable=g-import-not-at-top,wrong-import-position
+sys.path.insert(0, os.path.join(ROOT, 'scripts'))  # The planner, the data.
+from training import process  # pylint: disable=g-import-not-at-top,wrong-import-position
 if __name__ == '__main__':
-  log_filter.install()  # Before TensorFlow loads: see training/log_filter.py.
-  os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')  # See import_seconds.
+  process.start()  # Before TensorFlow loads (see import_seconds).
 
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -73,7 +72,7 @@ NETWORK_WORKERS = '2,8'
 
 class Config(NamedTuple):
   """A training row: its cluster, and the trainer's flags (with peer, those
-  of TF2's strategy, scripts/tf2_peer.py)."""
+  of TF2's strategy, tools/tf2_peer.py)."""
   name: str
   num_ps: int
   num_workers: int
@@ -126,7 +125,7 @@ def parse_args(argv):
                       help='split each training run\'s CPU in its steady '
                       'state by process and kind of work (oneDNN, gRPC, '
                       'the kernel...) with `perf record -a`: needs perf and '
-                      'root (scripts/cpu_profile.py)')
+                      'root (tools/cpu_profile.py)')
   parser.add_argument('--only',
                       help='a regular expression: train only the '
                       'configurations whose name it finds, and the single '

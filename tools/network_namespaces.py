@@ -8,7 +8,7 @@ each end of the veth pair), so that a cluster can be measured over 10 Gbit/s
 or 100 Mbit/s links instead of loopback. Needs root and iproute2; the
 addresses exist only inside these namespaces.
 
-Used by tests/test_multihost.py and scripts/benchmark.py.
+Used by tests/test_multihost.py and tools/benchmark.py.
 """
 
 import json

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """TensorFlow 2's own parameter-server training of the same network: the
-peer scripts/benchmark.py measures this suite against.
+peer tools/benchmark.py measures this suite against.
 
 TF2's `ParameterServerStrategy` with a `ClusterCoordinator` (asynchronous:
 the only mode it has), the network of cifar10_model.py in plain TF2 ops in
@@ -15,8 +15,8 @@ the coordinator (--job_name=chief) builds the model, trains --warmup_steps,
 then --steps more, and prints one JSON line: the steady state's images/s,
 and when (time.time()) the warmup and the run ended.
 
-  python3 scripts/tf2_peer.py --job_name=ps --task_index=0 --ps_hosts=... --worker_hosts=... --chief_host=...
-  python3 scripts/tf2_peer.py --job_name=chief --data_dir=DIR --ps_hosts=... --worker_hosts=... --chief_host=...
+  python3 tools/tf2_peer.py --job_name=ps --task_index=0 --ps_hosts=... --worker_hosts=... --chief_host=...
+  python3 tools/tf2_peer.py --job_name=chief --data_dir=DIR --ps_hosts=... --worker_hosts=... --chief_host=...
 """
 
 import argparse
@@ -27,9 +27,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from training import log_filter  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training import process  # pylint: disable=g-import-not-at-top,wrong-import-position
 if __name__ == '__main__':
-  log_filter.install()  # Before TensorFlow loads: see training/log_filter.py.
+  process.start()  # Before TensorFlow loads.
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 

@@ -6,23 +6,20 @@ steady state from its log, and each task's CPU in that window (from /proc,
 and with perf where asked). It needs no TensorFlow in this process.
 """
 
-from datetime import datetime
 import json
 import os
-import re
 import subprocess
 import sys
 import threading
 import time
 
 import cpu_profile
-from free_ports import free_ports
+from training import ports
+from training import progress
 
-SCRIPTS = os.path.dirname(os.path.abspath(__file__))
-TRAINER = os.path.join(os.path.dirname(SCRIPTS), 'train_distributed.py')
-PEER = os.path.join(SCRIPTS, 'tf2_peer.py')
-PROGRESS = re.compile(r'^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}): step (\d+), '
-                      r'loss = ', re.M)
+TOOLS = os.path.dirname(os.path.abspath(__file__))
+TRAINER = os.path.join(os.path.dirname(TOOLS), 'train_distributed.py')
+PEER = os.path.join(TOOLS, 'tf2_peer.py')
 TICKS = os.sysconf('SC_CLK_TCK')
 
 
@@ -90,7 +87,7 @@ def training_tasks(*, num_ps, num_workers, network=None):
   if network:
     addresses = [network.add_host(n, 10 + i) for i, n in enumerate(names)]
   else:
-    addresses = ['localhost:%d' % p for p in free_ports(len(names))]
+    addresses = ['localhost:%d' % p for p in ports.free_ports(len(names))]
   hosts = ['--ps_hosts=' + ','.join(addresses[:num_ps]),
            '--worker_hosts=' + ','.join(addresses[num_ps:])]
   tasks = []
@@ -173,8 +170,7 @@ def stop(procs):
 
 def progress_lines(text):
   """[(time, global step)] of the progress lines in a worker's output."""
-  return [(datetime.strptime(t, '%Y-%m-%d %H:%M:%S.%f').timestamp(),
-           int(step)) for t, step in PROGRESS.findall(text)]
+  return [(line.time.timestamp(), line.step) for line in progress.parse(text)]
 
 
 def progress_times(path):
@@ -212,10 +208,10 @@ def run_peer(*, name, data_dir, work, steps, batch_size, flags):
   half. Returns the measurements of run_training (the first step: the end
   of the warmup).
   """
-  ports = free_ports(4)
-  hosts = ['--ps_hosts=localhost:%d' % ports[0],
-           '--worker_hosts=localhost:%d,localhost:%d' % tuple(ports[1:3]),
-           '--chief_host=localhost:%d' % ports[3]]
+  free = ports.free_ports(4)
+  hosts = ['--ps_hosts=localhost:%d' % free[0],
+           '--worker_hosts=localhost:%d,localhost:%d' % tuple(free[1:3]),
+           '--chief_host=localhost:%d' % free[3]]
   servers, sampler = {}, CpuSampler()
   launched = time.time()
   try:

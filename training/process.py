@@ -1,0 +1,34 @@
+"""How a process of the suite starts and ends.
+
+Every entry point that loads TensorFlow (the trainer, the planner,
+show_inputs, the benchmark and its TF2 peer, the elastic run) starts with
+start(), from its `if __name__ == '__main__':` block, before TensorFlow is
+imported: a test that imports one keeps its own stderr and environment.
+exit_now() ends it, whatever other threads wait for.
+"""
+
+import os
+import sys
+
+from training import log_filter
+
+
+def start():
+  """The start-up prologue: TensorFlow's C++ chatter filtered, no Keras 3.
+
+  Call it before TensorFlow is imported.
+  """
+  # Before TensorFlow loads: its C++ chatter would bury the suite's lines
+  # (and TF_CPP_MIN_LOG_LEVEL alone cannot hide it). Real warnings and
+  # errors still show; TF_CPP_MIN_LOG_LEVEL=0 shows everything. And no
+  # Keras 3 (unused: tf-slim has TensorFlow's own Keras 2 layers): a task
+  # starts 1-2 s sooner.
+  log_filter.install()
+  os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
+
+
+def exit_now(status):
+  """Exits at once, whatever other threads wait for, with status."""
+  sys.stdout.flush()
+  log_filter.drain()  # os._exit skips atexit: get the last lines out.
+  os._exit(status)

@@ -1,0 +1,97 @@
+"""The ps task's life: serve the variables until the workers are done.
+
+The reference's ps blocked in server.join() forever. Here a ps serves until
+each worker has posted to its done queue (sync_protocol), or, once training
+is over, is gone (liveness: its port refuses for --lost_worker_secs), then
+exits 0. While it waits it says for whom, at liveness's Cadence.
+"""
+
+import time
+
+import tensorflow as tf
+
+from training import liveness
+from training import sync_protocol
+
+tf1 = tf.compat.v1
+
+# How long a ps that has every done post waits for the workers to exit,
+# beyond the time they may take to post to the other ps tasks.
+WORKERS_EXIT_SECS = 3
+
+
+def serve(server, *, cluster, task_index, config):
+  """Serves until every worker is done or gone; returns the exit status.
+
+  Once a worker said it is done (training is over), a worker that has not
+  and that is lost (liveness.Tracker: a listed slot never started, a worker
+  lost for good or stopped) is not waited for.
+  """
+  workers = cluster.job_tasks('worker')
+  print('ps %d: serving on %s; waiting for %d worker(s) to finish' %
+        (task_index, cluster.task_address('ps', task_index), len(workers)),
+        flush=True)
+  tracker = liveness.Tracker(workers)
+  with tf.Graph().as_default():
+    # This ps's queue alone: its device filter hides the other ps tasks.
+    dequeue = sync_protocol.done_queue(task_index).dequeue()
+    with tf1.Session(server.target, config=config) as sess:
+      done = wait_for_done(sess, dequeue, tracker, task_index)
+  late = set(range(len(workers))) - done
+  if late:
+    print('ps %d: %d of %d worker(s) finished; not waiting for %s, gone; '
+          'exiting' % (task_index, len(done), len(workers), ', '.join(
+              'worker %d at %s (%s for %d s)' % (
+                  i, workers[i], tracker.why(i), tracker.lost_secs)
+              for i in sorted(late))), flush=True)
+  else:
+    print('ps %d: all %d worker(s) finished; exiting' % (task_index,
+                                                        len(workers)),
+          flush=True)
+  # The last worker may still be posting to the other ps tasks.
+  wait_for_exit([w for i, w in enumerate(workers) if i not in late],
+                sync_protocol.DONE_TIMEOUT_SECS * (cluster.num_tasks('ps') - 1)
+                + WORKERS_EXIT_SECS)
+  return 0
+
+
+def wait_for_done(sess, dequeue, tracker, task_index):
+  """Takes the workers' done posts until each is done or lost once one is
+  done; returns the indices of those done."""
+  workers = tracker.hosts
+  done, cadence = set(), liveness.Cadence()
+  while len(done) < len(workers):
+    try:
+      done.add(int(sess.run(dequeue, options=tf1.RunOptions(
+          timeout_in_ms=1000))))
+      continue
+    except tf.errors.DeadlineExceededError:
+      if not done:
+        continue
+    # Training is over: who else is still there?
+    late = set(range(len(workers))) - done
+    tracker.probe(sorted(late))
+    gone = {i for i in late if tracker.lost(i)}
+    if gone == late:
+      break
+    if cadence.due():
+      print('ps %d: %d of %d worker(s) finished; still waiting for %s '
+            'to finish (Ctrl-C stops this ps; the chief\'s checkpoints '
+            'hold the model)' % (task_index, len(done), len(workers),
+                                 liveness.workers_named(late - gone, workers)),
+            flush=True)
+  return done
+
+
+def wait_for_exit(workers, secs):
+  """Waits, at most secs, until no worker takes a connection.
+
+  A worker's session cleans up on the ps tasks after its done posts, in the
+  background; a ps that went first would fail that clean-up, loudly, in
+  the worker's log. A worker exits right after its posts, and its port
+  then refuses connections.
+  """
+  deadline = time.time() + secs
+  while (len(liveness.unreachable(workers, timeout=0.2)) < len(workers) and
+         time.time() < deadline):
+    time.sleep(0.05)

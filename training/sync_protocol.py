@@ -1,0 +1,209 @@
+"""The protocol the tasks speak through queues on the ps tasks, in one room.
+
+SyncReplicasOptimizer's token queue and gradient accumulators, by the
+shared names it gives them; the join queues (a worker says on ps 0 that it
+joined) and the done queues (a worker tells each ps it is done). This is
+the only module that names them: each is built once per graph, and the
+others get functions (sizes, refill, tell done, close).
+"""
+
+import collections
+import sys
+import threading
+import weakref
+
+import tensorflow as tf
+
+from training import checkpoints
+from training import liveness
+
+tf1 = tf.compat.v1
+
+# SyncReplicasOptimizer's names (TensorFlow's sync_replicas_optimizer.py):
+# its token queue, and each variable's accumulator, var.name + this.
+TOKEN_QUEUE = 'sync_token_q'
+ACCUMULATOR_SUFFIX = '/grad_accum'
+
+# {graph: {what: its ops}}: each queue once per graph.
+_BUILT = weakref.WeakKeyDictionary()
+
+
+def _once(key, build):
+  """build()'s result, made once per default graph."""
+  built = _BUILT.setdefault(tf1.get_default_graph(), {})
+  if key not in built:
+    built[key] = build()
+  return built[key]
+
+
+def is_token_dequeue(op):
+  """Whether op is a synchronous worker's dequeue of its token."""
+  return (op.type == 'QueueDequeueV2' and
+          op.name.endswith(TOKEN_QUEUE + '_Dequeue'))
+
+
+def token_queue(global_step):
+  """SyncReplicasOptimizer's token queue, beside the global step."""
+  def build():
+    with tf1.device(global_step.device):
+      return tf1.FIFOQueue(-1, global_step.dtype.base_dtype, shapes=(),
+                           shared_name=TOKEN_QUEUE, name='tokens')
+  return _once('tokens', build)
+
+
+def refill_token(global_step):
+  """An op that puts one token, at the global step, in the token queue."""
+  return _once('refill', lambda: token_queue(global_step).enqueue(
+      global_step.read_value()))
+
+
+def close_tokens(global_step):
+  """An op that closes the token queue: workers waiting for a token stop."""
+  return token_queue(global_step).close(cancel_pending_enqueues=True)
+
+
+def fewest_gradients():
+  """A tensor: the fewest gradients any ps's accumulators hold now (each
+  ps's first variable's accumulator stands for that ps's)."""
+  def build():
+    counts = collections.OrderedDict()
+    for var in tf1.trainable_variables():
+      if var.device not in counts:
+        with tf1.colocate_with(var):
+          counts[var.device] = tf1.ConditionalAccumulator(
+              var.dtype.base_dtype, shape=var.shape,
+              shared_name=var.name + ACCUMULATOR_SUFFIX,
+              name='gradients').num_accumulated()
+    return tf.reduce_min(list(counts.values()))
+  return _once('gradients', build)
+
+
+def join_queues(num_workers):
+  """A one-slot queue per worker on ps 0, filled once the worker joined.
+
+  On ps 0, not on the chief: a restarted chief still sees who is there.
+  """
+  def build():
+    with tf.device('/job:ps/task:0/cpu:0'):
+      return [tf1.FIFOQueue(1, tf.int32, shapes=[],
+                            shared_name='joined_%d' % i, name='joined_%d' % i)
+              for i in range(num_workers)]
+  return _once('joined', build)
+
+
+def joined_sizes(num_workers):
+  """Tensors: for each worker, 1 once it joined, else 0."""
+  return _once('joined_sizes', lambda: [q.size() for q in join_queues(
+      num_workers)])
+
+
+def post_joined(num_workers, task_index):
+  """An op: worker task_index says it joined."""
+  return join_queues(num_workers)[task_index].enqueue(task_index)
+
+
+def done_queue(ps_index):
+  """The queue on a ps task where each worker posts its index when done."""
+  def build():
+    with tf.device('/job:ps/task:%d/cpu:0' % ps_index):
+      return tf1.FIFOQueue(-1, tf.int32, shapes=[],
+                           shared_name='done_queue_%d' % ps_index,
+                           name='done_queue_%d' % ps_index)
+  return _once('done_%d' % ps_index, build)
+
+
+# How long a worker at the end waits for each ps to take its done post.
+DONE_TIMEOUT_SECS = 10
+
+
+def tell_cluster_done(*, master, config, task_index, ps_hosts, global_step,
+                      close):
+  """Releases the other workers, tells each ps, reads the global step.
+
+  The chief of a synchronous run closes the token queue, so that workers
+  blocked waiting for a token stop instead of hanging. Every worker then
+  posts to each ps's done queue; a ps exits when all workers have posted.
+  One ps at a time, each in a session and a graph of its own (a session
+  waits, with no timeout, for every task its device filters name, and
+  places every op of its graph) bounded by DONE_TIMEOUT_SECS: a ps that is
+  lost or does not answer is named, and the others still hear.
+
+  Args:
+    master, config: This worker's session target and config.
+    task_index: This worker's index, which it posts.
+    ps_hosts: The ps tasks.
+    global_step: The training graph's global step (a resource variable,
+      read here through its name on its ps).
+    close: Whether to close the token queue (the synchronous chief).
+
+  Returns:
+    The global step, or None when its ps could not be reached. (A session
+    left waiting on a ps that does not answer is a daemon thread's: it
+    does not keep the process from exiting.)
+  """
+  step_ps = tf.DeviceSpec.from_string(global_step.device).task or 0
+  step = None
+  for i, host in enumerate(ps_hosts):
+    lost = liveness.unreachable([host])
+    if lost:
+      why = 'it cannot be reached (%s)' % lost[0][2]
+    else:
+      ops, read = [], None
+      with tf.Graph().as_default():  # The shared queue and step, by name.
+        if i == step_ps:
+          with tf.device(global_step.device):
+            read = tf1.get_variable(
+                global_step.op.name, [], global_step.dtype.base_dtype,
+                trainable=False, use_resource=True)
+          if close:
+            ops.append(close_tokens(read))
+          ops.append(read.read_value().op)
+          read = ops[-1]
+        ops.append(done_queue(i).enqueue(task_index))
+      why, results = _run_bounded(master, config, task_index, i, ops)
+      if read in results:
+        step = int(results[read])
+      if close and i == step_ps and ops[0] not in results:
+        print('Warning: could not release the workers waiting for a token '
+              'on ps %d: %s' % (i, why), file=sys.stderr, flush=True)
+      if ops[-1] in results:
+        continue
+    print('Warning: could not tell ps %d at %s that worker %d is done: %s; '
+          'it waits for that until it is stopped (Ctrl-C; the chief\'s '
+          'checkpoints hold the model)' % (i, host, task_index, why),
+          file=sys.stderr, flush=True)
+  return step
+
+
+def _run_bounded(master, config, task_index, ps_index, ops):
+  """Runs each of ops, in order, in a session of worker task_index that
+  sees only ps ps_index, for at most DONE_TIMEOUT_SECS in all.
+
+  Returns:
+    (why the first that failed did, or None; {op: its result} of those
+    that ran).
+  """
+  filtered = tf1.ConfigProto()
+  filtered.CopyFrom(config)
+  del filtered.device_filters[:]
+  filtered.device_filters.extend(['/job:ps/task:%d' % ps_index,
+                                  '/job:worker/task:%d' % task_index])
+  results, errors = {}, []
+
+  def run():
+    try:
+      with tf1.Session(master, graph=ops[0].graph, config=filtered) as sess:
+        for op in ops:
+          try:
+            results[op] = sess.run(op.outputs[0] if op.outputs else op)
+          except tf.errors.OpError as e:
+            errors.append(checkpoints.first_line(e))
+    except Exception as e:  # pylint: disable=broad-except
+      errors.append('%s: %s' % (type(e).__name__, checkpoints.first_line(e)))
+
+  thread = threading.Thread(target=run, daemon=True, name='done_%d' % ps_index)
+  thread.start()
+  thread.join(DONE_TIMEOUT_SECS)
+  if thread.is_alive():
+    return 'it did not answer in %d s' % DONE_TIMEOUT_SECS, dict(results)
+  return (errors[0] if errors else None), results
