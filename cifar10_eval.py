@@ -6,12 +6,16 @@ worker): it watches --train_dir, and for each new checkpoint reads every
 record of test_batch.bin once, in order, through the same reader as
 training, with BatchNorm in inference mode and dropout off. It restores the
 checkpoint into its own local session, so it never writes to the training
-variables or checkpoints; it writes only under train_dir/eval.
+variables or checkpoints; it writes only under train_dir/eval. A checkpoint
+written again with the same content (a finished chief started again) is
+not evaluated again, by this evaluator or a later one: results.jsonl
+records what each result's checkpoint held.
 
 Started by train_distributed.py --job_name=evaluator.
 """
 
 from datetime import datetime
+import hashlib
 import json
 import os
 import sys
@@ -132,11 +136,17 @@ def test_set_line(data_dir, train_dir):
   return line
 
 
+def test_line(result, when):
+  """The reference's test line for a result, dated when (a datetime)."""
+  return '%s: step %d, loss = %.2f ,Test accuracy = %.4f (%d examples)' % (
+      when, result['step'], result['loss'], result['accuracy'],
+      result['examples'])
+
+
 def report(result, eval_dir, writer):
   """Prints the test line, appends to results.jsonl, writes summaries."""
-  print('%s: step %d, loss = %.2f ,Test accuracy = %.4f (%d examples)' %
-        (datetime.now(), result['step'], result['loss'], result['accuracy'],
-         result['examples']), flush=True)
+  print(test_line(result, datetime.fromtimestamp(result['wall_time'])),
+        flush=True)
   with open(os.path.join(eval_dir, RESULTS_FILE), 'a') as f:
     f.write(json.dumps(result) + '\n')
   writer.add_summary(tf1.Summary(value=[
@@ -172,6 +182,8 @@ def run(train_dir, data_dir, batch_size, standardize, max_steps,
   print(test_set_line(data_dir, train_dir), flush=True)
   writer = None  # Made with the first result: a wrong --train_dir gets none.
   seen = set()  # Evaluated, gone, or unreadable: not tried again.
+  test_file = os.path.join(os.path.abspath(data_dir), data_layout.TEST_FILE)
+  evaluated = recorded(eval_dir, test_file)  # {content: its result}.
   while True:
     checkpoint = latest(train_dir, run_once)
     if run_once and (checkpoint is None or version(checkpoint) in seen):
@@ -181,9 +193,17 @@ def run(train_dir, data_dir, batch_size, standardize, max_steps,
       return 1
     if checkpoint and version(checkpoint) not in seen:
       seen.add(version(checkpoint))
+      digest = content(checkpoint)
+      if digest in evaluated:
+        if said_again(checkpoint, evaluated[digest], run_once, max_steps):
+          return 0
+        continue
       result = evaluate_new(checkpoint, fetches, savers, local_init, config)
       if result is None:
         continue
+      result.update(index_sha256=digest, test_file=test_file)
+      if digest:
+        evaluated[digest] = result
       if writer is None:
         os.makedirs(eval_dir, exist_ok=True)
         writer = tf1.summary.FileWriter(eval_dir)
@@ -227,6 +247,51 @@ def evaluate_new(checkpoint, fetches, savers, local_init, config):
     # checkpoint may be fine. Nothing is deleted.
     skip(checkpoint, checkpoints.first_line(e))
     return None
+
+
+def content(checkpoint):
+  """What a checkpoint holds, as one string: the SHA-256 of its .index,
+  which lists every tensor with its shape, its place in the data files and
+  the CRC32C of its bytes. A finished chief started again writes
+  model.ckpt-N anew with the same content: the same string. None: gone."""
+  try:
+    with open(checkpoint + '.index', 'rb') as f:
+      return hashlib.sha256(f.read()).hexdigest()
+  except OSError:
+    return None
+
+
+def recorded(eval_dir, test_file):
+  """{content: result} of the results.jsonl lines on test_file that say
+  their checkpoint's content (an earlier release's do not: their
+  checkpoints are evaluated again)."""
+  found = {}
+  try:
+    with open(os.path.join(eval_dir, RESULTS_FILE)) as f:
+      for line in f:
+        try:
+          result = json.loads(line)
+          if result['test_file'] == test_file:
+            found[result['index_sha256']] = result
+        except (ValueError, TypeError, KeyError):
+          pass  # A line cut short by a crash, or of an earlier release.
+  except OSError:
+    pass  # None yet.
+  return found
+
+
+def said_again(checkpoint, earlier, run_once, max_steps):
+  """Says that checkpoint holds a model evaluated already; at the end of
+  the run (--run_once, --max_steps), with that result as it was printed.
+  Returns whether the evaluator is done."""
+  print('Evaluator: %s holds the model evaluated already (%s, %s): not '
+        'evaluated again' % (checkpoint, os.path.basename(
+            earlier['checkpoint']), RESULTS_FILE), flush=True)
+  if not (run_once or earlier['step'] >= max_steps):
+    return False
+  print(test_line(earlier, datetime.fromtimestamp(earlier['wall_time'])),
+        flush=True)
+  return True
 
 
 def version(checkpoint):

@@ -179,8 +179,7 @@ def train_worker(task, cluster):
     images, labels = inputs(seed=FLAGS.seed + index)
   with tf1.device(variable_device):
     graph = train_graph.build(
-        images=images, labels=labels, num_ps=len(task.ps_hosts),
-        is_chief=is_chief,
+        images=images, labels=labels, num_ps=len(task.ps_hosts), worker=index,
         schedule=schedule(FLAGS.batch_size * (replicas if sync else 1)),
         sync=(replicas, len(task.worker_hosts)) if sync else None,
         num_classes=data_layout.num_classes(FLAGS.data_dir)[0],
@@ -252,8 +251,8 @@ def session_parts(task, cluster, graph, master, config, train_dir):
   shadows = cifar10_model.averages_of_weights()
   resume = (chief_start.chief_start(
       train_dir, data_layout.identity(FLAGS.data_dir), FLAGS.new_data,
-      FLAGS.max_steps, len(task.ps_hosts), graph.schedule, shadows)
-            if is_chief else None)
+      FLAGS.max_steps, len(task.ps_hosts), graph.schedule, shadows,
+      standardize=FLAGS.standardize) if is_chief else None)
   scaffold = train_graph.scaffold(graph)
   hooks = worker_hooks.in_order(
       graph=graph, scaffold=scaffold, train_dir=train_dir, task=task,
@@ -261,7 +260,8 @@ def session_parts(task, cluster, graph, master, config, train_dir):
       save_checkpoint_steps=FLAGS.save_checkpoint_steps,
       save_summaries_steps=FLAGS.save_summaries_steps,
       replicas=FLAGS.replicas_to_aggregate or len(task.worker_hosts),
-      trace_steps=[int(s) for s in FLAGS.trace_steps])
+      trace_steps=[int(s) for s in FLAGS.trace_steps],
+      set_aside=FLAGS.set_aside)
   return session.SessionCreator(scaffold, master, config, task, train_dir,
                                 resume, shadows), hooks
 

@@ -118,6 +118,10 @@ flags.DEFINE_integer('lost_worker_secs', 10, 'Seconds a task\'s port '
                      'worker\'s share of each update to the others and no ps '
                      'waits for it at the end; the other workers wait for a '
                      'lost chief.')
+flags.DEFINE_boolean('set_aside', True, 'Synchronous chief: set a worker that '
+                     'lags aside (the others make its share of each update) '
+                     'and take it back once it keeps pace; --noset_aside '
+                     'waits for every worker.')
 flags.DEFINE_boolean('pack_transfers', True, 'Worker in a cluster: send each '
                      'kind of tensor once per ps a step (weights, gradients, '
                      'BatchNorm statistics); --nopack_transfers runs the '

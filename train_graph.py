@@ -15,6 +15,7 @@ import cifar10_model
 from training import learning_rate
 from training import placement
 from training import precision
+from training import sync_protocol
 from training import transfers
 
 tf1 = tf.compat.v1
@@ -24,7 +25,8 @@ DROPOUT_KEEP_PROB = 0.8  # The reference's.
 # The tensors and ops a worker's session loop and hooks need.
 TrainingGraph = collections.namedtuple(
     'TrainingGraph',
-    'global_step loss accuracy step_after sync_opt loss_scaling schedule')
+    'global_step loss accuracy step_after sync_opt loss_scaling schedule '
+    'gradients')
 
 
 def devices(*, cluster, task_index, num_gpus):
@@ -58,7 +60,7 @@ def model(*, images, labels, num_ps, num_classes):
   return loss, accuracy
 
 
-def build(*, images, labels, num_ps, is_chief, schedule, sync=None,
+def build(*, images, labels, num_ps, worker, schedule, sync=None,
           num_classes=cifar10_model.NUM_CLASSES, loss_scale=None,
           loss_scale_period=precision.LossScaled.INCREMENT_PERIOD,
           pack_transfers=False, transfer_dtype=tf.float32):
@@ -66,8 +68,8 @@ def build(*, images, labels, num_ps, is_chief, schedule, sync=None,
 
   Args:
     images, labels: A training batch.
-    num_ps: The ps tasks the variables are spread over (0: none).
-    is_chief: Whether this is worker 0.
+    num_ps, worker: The ps tasks the variables are spread over (0: none);
+      this worker's index (0: the chief).
     schedule: The learning rate's learning_rate.Schedule.
     sync: (replicas_to_aggregate, total workers) for SyncReplicasOptimizer,
       or None.
@@ -77,8 +79,7 @@ def build(*, images, labels, num_ps, is_chief, schedule, sync=None,
     pack_transfers, transfer_dtype: Whether to pack what a step sends
       between the tasks (transfers.pack; in a cluster), and as what.
 
-  Returns:
-    A TrainingGraph. Running step_after runs one training step.
+  Returns: a TrainingGraph. Running step_after runs one training step.
   """
   global_step = tf1.train.get_or_create_global_step()
   loss, accuracy = model(images=images, labels=labels, num_ps=num_ps,
@@ -96,28 +97,29 @@ def build(*, images, labels, num_ps, is_chief, schedule, sync=None,
         variables_to_average=tf1.trainable_variables(),
         name='cifar10_sync_replicas')
   grads_and_vars = opt.compute_gradients(loss)
+  gradients = [g for g, _ in grads_and_vars if g is not None]
   update = opt.apply_gradients(grads_and_vars, global_step=global_step)
+  # Who applied what, for the chief's watch on hung and slow workers.
+  marks = [sync_protocol.mark_progress(global_step, worker)] if sync else []
   if not sync:
     with tf.control_dependencies([update]):
       update = averages.apply(tf1.trainable_variables())
   # BatchNorm's statistics once per global step: from every step of an
   # asynchronous worker, from the synchronous chief's only.
   statistics, batches = placement.colocated_statistics_updates(
-      [] if sync and not is_chief else
-      tf1.get_collection(tf1.GraphKeys.UPDATE_OPS))
-  train_op = tf.group(update, *statistics, name='train_op')
+      [] if sync and worker else tf1.get_collection(tf1.GraphKeys.UPDATE_OPS))
+  train_op = tf.group(update, *statistics, *marks, name='train_op')
   with tf.control_dependencies([train_op]):  # The step it reached: after.
     step_after = global_step.read_value()
   if scaled:  # For the chief's line on skipped steps.
     scaled.after = scaled.reads_after(train_op)
   if pack_transfers:
     transfers.pack(fetches=[step_after, loss, accuracy],
-                   gradients=[g for g, _ in grads_and_vars if g is not None],
-                   statistics=batches, transfer_dtype=transfer_dtype,
+                   gradients=gradients, statistics=batches, transfer_dtype=transfer_dtype,
                    sync=bool(sync))
   summaries(loss=loss, accuracy=accuracy, lr=lr, scaled=scaled)
   return TrainingGraph(global_step, loss, accuracy, step_after,
-                       opt if sync else None, scaled, schedule)
+                       opt if sync else None, scaled, schedule, gradients)
 
 
 def summaries(*, loss, accuracy, lr, scaled):

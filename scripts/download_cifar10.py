@@ -16,9 +16,12 @@ does not resume). A corrupt download is deleted. Does nothing when
 (another pod on a shared volume); processes sharing a .part file take turns
 on a lock. A failure is one line `Error: ...` on stderr, exit status 1; an
 interruption one line `Interrupted: ...`, exit status 130 (143 for
-SIGTERM). --url and --md5 point it at a mirror.
+SIGTERM). --url and --md5 point it at a mirror; --url may also name the
+tarball already on this machine (a path or a file:// URL), fetched
+elsewhere: it is checked and unpacked, never copied or deleted.
 
   python3 scripts/download_cifar10.py --data_dir=./cifar-10-batches-bin
+  python3 scripts/download_cifar10.py --url=~/Downloads/cifar-10-binary.tar.gz
 """
 
 import argparse
@@ -81,8 +84,9 @@ def extract(tar, work):
   tar.extractall(work)
 
 
-def unpack(archive, data_dir, url):
-  """Unpacks and checks archive next to data_dir, renames it to data_dir.
+def unpack(archive, data_dir, url, keep=False):
+  """Unpacks and checks archive next to data_dir, renames it to data_dir;
+  a bad archive is deleted unless keep (the user's own file).
 
   Returns False when another process put valid data there first.
   """
@@ -102,22 +106,26 @@ def unpack(archive, data_dir, url):
       check(unpacked)
     except OSError as e:
       if e.errno is None:  # tarfile's own errors about the bytes.
-        raise bad_archive(archive, url, 'a valid tar.gz (%s)' % e)
+        raise bad_archive(archive, url, keep, 'a valid tar.gz (%s)' % e)
       raise fetch.DownloadError(
           'cannot unpack %s into %s: %s: free some space and run again (the '
           'checked download stays in %s)' % (archive, parent,
                                              e.strerror or e, archive))
     except (tarfile.TarError, EOFError, zlib.error) as e:
-      raise bad_archive(archive, url, 'a valid tar.gz (%s)' % e)
+      raise bad_archive(archive, url, keep, 'a valid tar.gz (%s)' % e)
     except data_layout.DataError as e:
-      raise bad_archive(archive, url, 'valid CIFAR-10: %s' % e)
+      raise bad_archive(archive, url, keep, 'valid CIFAR-10: %s' % e)
     return move_into_place(unpacked, data_dir)
   finally:
     shutil.rmtree(work, ignore_errors=True)
 
 
-def bad_archive(archive, url, what):
-  """Deletes archive; the DownloadError that says it is not what."""
+def bad_archive(archive, url, keep, what):
+  """Deletes archive unless keep; the DownloadError that says it is not
+  what."""
+  if keep:
+    return fetch.DownloadError('%s is not %s: check --url and --md5' % (
+        archive, what))
   os.remove(archive)
   return fetch.DownloadError('the archive from %s is not %s; %s is deleted: '
                              'check --url and --md5' % (url, what, archive))
@@ -162,6 +170,9 @@ def download(data_dir, url=URL, md5=MD5, timeout=60, state=None, out=None):
     raise fetch.DownloadError(
         '%s exists but does not hold valid CIFAR-10 data; move it away or '
         'choose another --data_dir' % data_dir)
+  path = fetch.local_path(url)
+  if path is not None:
+    return from_file(os.path.expanduser(path), data_dir, md5, out)
   try:
     os.makedirs(os.path.dirname(os.path.abspath(data_dir)), exist_ok=True)
     part = fetch.lock(state.path, out)
@@ -190,6 +201,33 @@ def download(data_dir, url=URL, md5=MD5, timeout=60, state=None, out=None):
     fetch.release(part, state.path, delete=finished)
 
 
+def from_file(path, data_dir, md5, out):
+  """Checks and unpacks a tarball already on this machine (--url=PATH):
+  nothing downloaded, and the file is left as it is, whatever it holds."""
+  try:
+    with open(path, 'rb') as f:
+      print('Checking %s (%s)' % (path, fetch.size(os.fstat(
+          f.fileno()).st_size)), file=out, flush=True)
+      got = fetch.hash_file(f).hexdigest()
+  except OSError as e:
+    raise fetch.DownloadError(
+        'cannot read %s: %s: pass --url=PATH of a cifar-10-binary.tar.gz on '
+        'this machine, or the URL to download it from' % (
+            path, e.strerror or e))
+  if got != md5.lower():
+    raise fetch.DownloadError(
+        '%s has MD5 %s, expected %s: it is damaged or not the CIFAR-10 binary '
+        'version (cifar-10-binary.tar.gz): check --url and --md5' % (
+            path, got, md5))
+  parent = os.path.dirname(os.path.abspath(data_dir))
+  try:
+    os.makedirs(parent, exist_ok=True)
+  except OSError as e:
+    raise fetch.DownloadError('cannot make %s: %s: choose another --data_dir'
+                              % (parent, e.strerror or e))
+  return unpack(path, data_dir, path, keep=True)
+
+
 def interrupted_line(state):
   """The one line for Ctrl-C: what is kept, and how to go on."""
   if state.checked:
@@ -213,7 +251,9 @@ def main(argv=None):
                       help='where the files go (default: %%(default)s); the '
                       'download is kept in DATA_DIR%s until checked' %
                       fetch.PART_SUFFIX)
-  parser.add_argument('--url', default=URL, help='default: %(default)s')
+  parser.add_argument('--url', default=URL, help='where to download it '
+                      'from, or the path (or file:// URL) of the tarball '
+                      'already on this machine (default: %(default)s)')
   parser.add_argument('--md5', default=MD5, help='default: %(default)s')
   parser.add_argument('--timeout', type=float, default=60,
                       help='seconds without data before giving up '

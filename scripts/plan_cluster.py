@@ -8,6 +8,10 @@ step and images/s of every ps count, and names the fewest ps tasks within
 
   python3 scripts/plan_cluster.py --step_ms=45 --num_workers=32 --link_gbit=10
 
+With --slots=R instead of --num_workers (R worker slots listed, each
+update a gradient per slot, as in deploy/k8s.yaml), it plans for all R
+running, then gives the images/s of 1..R of them running.
+
 The model (predict_step_ms) is the one the benchmark validates: its
 slow-network rows print this prediction beside each measurement
 (docs/performance.md). Every task is assumed to have a link of its own of
@@ -133,6 +137,34 @@ def plan(step_ms, num_workers, mbit, shares, batch_size, model_bytes,
   return rows
 
 
+def update_ms(step_ms, model_bytes, share, slots, running, mbit,
+              dtype_bytes=4):
+  """Predicts an update of `slots` gradients made by `running` workers, ms.
+
+  Each of the update's tokens gives one gradient at its global step, and
+  the next update's tokens come after it: the workers make the gradients in
+  rounds, slots // running of every worker, then one of the slots % running
+  left (the others wait). Each round is predict_step_ms of its workers.
+  """
+  full, rest = divmod(slots, running)
+  ms = full * predict_step_ms(step_ms, model_bytes, share, running, mbit,
+                              dtype_bytes)
+  if rest:
+    ms += predict_step_ms(step_ms, model_bytes, share, rest, mbit,
+                          dtype_bytes)
+  return ms
+
+
+def running_rows(step_ms, slots, mbit, share, batch_size, model_bytes,
+                 dtype_bytes):
+  """Returns [(workers running, ms per update, updates/s, images/s)] for
+  1..slots of them, every update taking a gradient per slot."""
+  times = [update_ms(step_ms, model_bytes, share, slots, running, mbit,
+                     dtype_bytes) for running in range(1, slots + 1)]
+  return [(running, ms, 1e3 / ms, slots * batch_size * 1e3 / ms)
+          for running, ms in enumerate(times, 1)]
+
+
 def fewest_within(rows, within=WITHIN):
   """The fewest ps tasks whose images/s are within `within` of the best."""
   best = max(r[3] for r in rows)
@@ -159,6 +191,11 @@ def parse_args(argv):
                       "out the ps tasks' own work)")
   parser.add_argument('--num_workers', type=int,
                       help='synchronous workers')
+  parser.add_argument('--slots', type=int,
+                      help='instead of --num_workers: the worker slots '
+                      '--worker_hosts lists, each update taking a gradient '
+                      'per slot; also prints the images/s of 1 to SLOTS '
+                      'of them running')
   parser.add_argument('--link_gbit', type=float,
                       help="every task's link rate, Gbit/s (0.1: 100 Mbit/s)")
   parser.add_argument('--transfer_dtype', default='float32',
@@ -192,16 +229,20 @@ def parse_args(argv):
 def usage_problem(args):
   """What is wrong with the command line, in a few words; None if nothing."""
   if args.typical:
-    given = [n for n in ('step_ms', 'num_workers', 'link_gbit', 'model_bytes')
-             if getattr(args, n) is not None]
+    given = [n for n in ('step_ms', 'num_workers', 'slots', 'link_gbit',
+                         'model_bytes') if getattr(args, n) is not None]
     given += ['plot'] if args.plot else []
     if given or args.batch_size != 128 or args.transfer_dtype != 'float32':
       return ('--typical prints the README\'s table for its own clusters; '
               'drop --%s, or drop --typical' % (
                   given[0] if given else 'batch_size/--transfer_dtype'))
     needed = []
+  elif args.slots is not None and args.num_workers is not None:
+    return ('--slots=%d plans 1 to %d workers running; drop --num_workers'
+            % (args.slots, args.slots))
   else:
-    needed = ['step_ms', 'num_workers', 'link_gbit']
+    needed = ['step_ms', 'num_workers' if args.slots is None else 'slots',
+              'link_gbit']
   for name in needed + ['batch_size', 'max_ps'] + (
       ['model_bytes'] if args.model_bytes is not None else []):
     value = getattr(args, name)
@@ -216,6 +257,24 @@ def usage_problem(args):
     return '--plot=%s is a folder; name a file in it, e.g. %s' % (
         args.plot, os.path.join(args.plot, 'plan.png'))
   return None
+
+
+def running_markdown(args, num_ps, rows):
+  """The plan of 1..--slots workers running, with num_ps ps, as Markdown."""
+  out = ['With %d ps, each update %d gradients (%d examples) from the '
+         'workers running:' % (num_ps, args.slots,
+                               args.slots * args.batch_size), '',
+         '| workers running of %d slots | ms per update | updates/s | '
+         'images/s | x 1 worker |' % args.slots, '|---|---|---|---|---|']
+  for running, ms, updates, rate in rows:
+    out.append('| %d | %.1f | %.2f | %.0f | %.2fx |' % (
+        running, ms, updates, rate, rate / rows[0][3]))
+  idle = [r[0] for r in rows if args.slots % r[0]]
+  if idle:
+    out += ['', 'With %s running, the last round of each update has fewer '
+            'gradients to make than workers: the others wait for the next '
+            "update's tokens." % ', '.join(str(n) for n in idle)]
+  return '\n'.join(out)
 
 
 def markdown(args, rows):
@@ -312,9 +371,17 @@ def main(argv=None):
     print(typical_markdown(shares))
     return 0
   dtype_bytes = 2 if args.transfer_dtype == 'bfloat16' else 4
+  if args.slots:
+    args.num_workers = args.slots  # The ps table: every slot running.
   rows = plan(args.step_ms, args.num_workers, args.link_gbit * 1000, shares,
               args.batch_size, args.model_bytes, dtype_bytes)
   print(markdown(args, rows))
+  if args.slots:
+    num_ps = fewest_within(rows)
+    print()
+    print(running_markdown(args, num_ps, running_rows(
+        args.step_ms, args.slots, args.link_gbit * 1000, shares[num_ps],
+        args.batch_size, args.model_bytes, dtype_bytes)))
   if args.plot:
     plot_workers(workers_series(args.step_ms, args.num_workers,
                                 args.link_gbit * 1000, shares,

@@ -11,6 +11,7 @@ python=${PYTHON:-python3}
 
 num_ps=1
 num_workers=2
+worker_slots=  # By default num_workers: every listed worker is started.
 max_steps=400
 batch_size=128
 data_dir=  # By default ./cifar-10-batches-bin; with --synthetic, its own.
@@ -32,6 +33,10 @@ train_distributed.py on free localhost ports and waits for them.
 
   --num_ps=N                 ps tasks (default: $num_ps)
   --num_workers=N            worker tasks; worker 0 is the chief (default: $num_workers)
+  --worker_slots=N           workers listed in --worker_hosts, N >= NUM_WORKERS
+                             (default: NUM_WORKERS); the slots not started
+                             get ports kept free for workers started later,
+                             by hand, with the command the script prints
   --max_steps=N              global steps to train (default: $max_steps)
   --batch_size=N             images per batch per worker (default: $batch_size)
   --data_dir=DIR             CIFAR-10 binary files (default:
@@ -75,7 +80,7 @@ die() {
 
 set_option() {  # set_option NAME VALUE
   case $1 in
-    num_ps|num_workers|max_steps|batch_size|replicas_to_aggregate|num_gpus|tensorboard)
+    num_ps|num_workers|worker_slots|max_steps|batch_size|replicas_to_aggregate|num_gpus|tensorboard)
       [[ $2 =~ ^[0-9]+$ ]] || die "--$1 needs a number, got '$2'"
       printf -v "$1" '%s' "$2" ;;
     data_dir|train_dir|log_dir)
@@ -131,6 +136,9 @@ while (($#)); do
 done
 ((num_ps >= 1)) || die "--num_ps must be at least 1"
 ((num_workers >= 1)) || die "--num_workers must be at least 1"
+: "${worker_slots:=$num_workers}"
+((worker_slots >= num_workers)) ||
+  die "--worker_slots=$worker_slots is fewer than --num_workers=$num_workers: list at least the workers started"
 ((max_steps >= 1)) || die "--max_steps must be at least 1"
 ((batch_size >= 1)) || die "--batch_size must be at least 1"
 if ((synthetic)); then
@@ -147,6 +155,7 @@ if ! compgen -G "$data_dir/data_batch_*.bin" > /dev/null ||
       die "could not make the synthetic dataset in $data_dir"
   else
     # CIFAR10_URL and CIFAR10_MD5 point it at a mirror.
+    # CIFAR10_URL may also be the path of a tarball fetched elsewhere.
     "$python" "$root/scripts/download_cifar10.py" --data_dir="$data_dir" \
       ${CIFAR10_URL:+--url="$CIFAR10_URL"} ${CIFAR10_MD5:+--md5="$CIFAR10_MD5"} ||
       die "no CIFAR-10 in $data_dir (use --synthetic to train on generated data)"
@@ -183,7 +192,9 @@ fi
 
 # Free ports, all at once so that no two tasks get the same one, from below
 # the range the kernel picks connections' source ports from.
-ports=($("$python" "$root/training/ports.py" "$((num_ps + num_workers))")) || die "could not find free ports"
+# Free worker slots get theirs too: below that range no connection takes
+# them, so they stay free for the workers started later.
+ports=($("$python" "$root/training/ports.py" "$((num_ps + worker_slots))")) || die "could not find free ports"
 join() { local IFS=,; echo "$*"; }
 ps_hosts=$(join $(for p in "${ports[@]:0:num_ps}"; do echo "localhost:$p"; done))
 worker_hosts=$(join $(for p in "${ports[@]:num_ps}"; do echo "localhost:$p"; done))
@@ -195,6 +206,20 @@ flags=(--ps_hosts="$ps_hosts" --worker_hosts="$worker_hosts"
 [ -n "$replicas_to_aggregate" ] && flags+=(--replicas_to_aggregate="$replicas_to_aggregate")
 ((num_gpus > 0)) && flags+=(--num_gpus=1)  # Each worker sees one GPU.
 flags+=(${trainer_flags[@]+"${trainer_flags[@]}"})
+# A worker started later by hand gets the same flags from a file, its
+# folders absolute so that it may start anywhere.
+absolute() { case $1 in /*) echo "$1" ;; *) echo "$PWD/${1#./}" ;; esac; }
+flagfile=
+if ((worker_slots > num_workers)); then
+  flagfile=$log_dir/cluster.flags
+  for flag in "${flags[@]}"; do
+    case $flag in
+      --data_dir=*) echo "--data_dir=$(absolute "$data_dir")" ;;
+      --train_dir=*) echo "--train_dir=$(absolute "$train_dir")" ;;
+      *) printf '%s\n' "$flag" ;;
+    esac
+  done > "$flagfile" || die "cannot write $flagfile"
+fi
 
 names=()
 declare -A pid status
@@ -255,16 +280,21 @@ for ((i = num_workers - 1; i >= 0; i--)); do
   start "worker$i" "$gpus" --job_name=worker --task_index=$i "${flags[@]}"
 done
 start evaluator "" --job_name=evaluator "${flags[@]}"
+for ((i = num_workers; i < worker_slots; i++)); do
+  echo "Worker slot $i free, at localhost:${ports[num_ps + i]}: start worker $i with" \
+       "\`$python $root/train_distributed.py --flagfile=$flagfile --job_name=worker --task_index=$i\`," \
+       "stop it with Ctrl-C"
+done
 if [ -n "$tensorboard" ]; then
-  "$python" -m tensorboard.main --logdir="$train_dir" --host=localhost \
-    --port="$tensorboard" > "$log_dir/tensorboard.log" 2>&1 &
+  PYTHON=$python bash "$root/scripts/tensorboard.sh" --logdir="$train_dir" \
+    --host=localhost --port="$tensorboard" > "$log_dir/tensorboard.log" 2>&1 &
   tensorboard_pid=$!
   echo "TensorBoard: http://localhost:$tensorboard/ (log: $log_dir/tensorboard.log)"
 fi
 
 # The chief's progress and the evaluator's results, until this script ends.
 tail -n +1 -F "$log_dir/worker0.log" "$log_dir/evaluator.log" 2> /dev/null \
-  > >(grep --line-buffered -E 'Train accuracy|Test accuracy|^Error|^Worker 0: (resuming|the ps tasks hold|.* has no moving averages|--new_data)') &
+  > >(grep --line-buffered -E 'Train accuracy|Test accuracy|^Error|^Worker 0: (resuming|the ps tasks hold|.* has no moving averages|--new_data|all [0-9]+ workers have joined|lost worker)|^Evaluator: .* evaluated already') &
 tail_pid=$!
 
 fail() {  # fail NAME MESSAGE

@@ -539,7 +539,7 @@ def worker_graph(num_ps, sync, task_index=0, packed=True, loss_scale=None):
     with tf1.device(variables):
       built = train_graph.build(
           images=images, labels=labels, num_ps=num_ps,
-          is_chief=task_index == 0,
+          worker=task_index,
           schedule=learning_rate.Schedule('exponential', 0.1, 128, 'none', 0,
                                           100, 100, 0.1),
           sync=(2, 2) if sync else None, loss_scale=loss_scale,

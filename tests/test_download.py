@@ -263,8 +263,55 @@ def test_a_failure_is_one_line_and_nothing_else(where, served, data_dir):
   one_line(err)
   assert err.startswith('Error: could not download %s: ' % url)
   assert ('HTTP error 404 (Not Found): check --url' if where == '404' else
-          'Connection refused: check the network') in err
+          'Connection refused: check the network, or fetch the file where '
+          'you can and pass its path, --url=PATH/cifar-10-binary.tar.gz (or '
+          'a mirror\'s URL)') in err
   assert os.listdir(os.path.dirname(data_dir)) == []
+
+
+@pytest.mark.parametrize('as_url', [False, True])
+def test_a_tarball_on_disk_is_checked_and_unpacked(as_url, archive, data_dir,
+                                                   tiny_data, tmp_path):
+  # Fetched on another machine: --url names it, as a path or a file:// URL.
+  tarball = tmp_path / NAME
+  tarball.write_bytes(archive)
+  md5 = hashlib.md5(archive).hexdigest()
+  url = tarball.as_uri() if as_url else str(tarball)
+  rc, out, err = run_script('--data_dir', data_dir, '--url', url,
+                            '--md5', md5)
+  assert (rc, err) == (0, '')
+  assert out == 'Checking %s (%s)\nCIFAR-10 is in %s\n' % (
+      tarball, fetch.size(len(archive)), data_dir)
+  assert_holds(data_dir, tiny_data)
+  assert tarball.read_bytes() == archive  # Left as it was.
+
+
+def test_a_bad_tarball_on_disk_is_one_line_and_kept(archive, data_dir,
+                                                   tmp_path):
+  missing = str(tmp_path / 'nowhere' / NAME)
+  rc, out, err = run_script('--data_dir', data_dir, '--url', missing)
+  assert (rc, out) == (1, '')
+  assert one_line(err) == (
+      'Error: cannot read %s: No such file or directory: pass --url=PATH of a '
+      'cifar-10-binary.tar.gz on this machine, or the URL to download it '
+      'from\n' % missing)
+  other = tmp_path / 'other.tar.gz'
+  other.write_bytes(archive[:1000])
+  rc, out, err = run_script('--data_dir', data_dir, '--url', str(other))
+  assert rc == 1
+  assert one_line(err) == (
+      'Error: %s has MD5 %s, expected %s: it is damaged or not the CIFAR-10 '
+      'binary version (cifar-10-binary.tar.gz): check --url and --md5\n' % (
+          other, hashlib.md5(archive[:1000]).hexdigest(), download_cifar10.MD5))
+  # Its MD5 given: the archive itself is refused, and still kept.
+  rc, out, err = run_script('--data_dir', data_dir, '--url', str(other),
+                            '--md5', hashlib.md5(archive[:1000]).hexdigest())
+  assert rc == 1
+  assert one_line(err).startswith('Error: %s is not a valid tar.gz (' % other)
+  assert err.endswith('): check --url and --md5\n')
+  assert other.read_bytes() == archive[:1000]
+  assert not os.path.exists(os.path.dirname(data_dir)) or not os.listdir(
+      os.path.dirname(data_dir))
 
 
 @pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM],

@@ -8,15 +8,25 @@ Strict mode: an unknown field (a misspelling) is an error, as it is for
 
 import copy
 import functools
+import json
 import operator
+import os
 import re
+import types
 
 import kubernetes_validate
 import pytest
+import tensorflow as tf
 
+from helpers import ROOT
 import manifests
 
+import cifar10_input
 import train_distributed
+from training import learning_rate
+from training import run_records
+
+tf1 = tf.compat.v1
 
 # The oldest Kubernetes with every Job feature k8s.yaml uses generally
 # available (podFailurePolicy: 1.31), and the newest schemas shipped.
@@ -262,7 +272,8 @@ def test_k8s_shape_one_ps_two_gpu_workers_one_evaluator_on_one_volume():
 
 
 @pytest.mark.parametrize('role, index', [
-    ('ps', 0), ('worker', 0), ('worker', 1), ('evaluator', 0)])
+    ('ps', 0), ('worker', 0), ('worker', 1), ('worker', 2), ('worker', 3),
+    ('evaluator', 0)])
 def test_each_k8s_pod_runs_its_task_on_the_services_dns_names(
     flags, monkeypatch, role, index):
   monkeypatch.delenv('TF_CONFIG', raising=False)
@@ -278,6 +289,9 @@ def test_each_k8s_pod_runs_its_task_on_the_services_dns_names(
     # The 2 workers that run first, in 4 slots the job may grow to.
     assert flags.worker_hosts == pod_hosts(jobs()['worker'], slots=4)
     assert flags.worker_hosts.startswith(pod_hosts(jobs()['worker']) + ',')
+  if role == 'worker':  # A gradient per listed slot, as the trainer takes it.
+    assert flags.replicas_to_aggregate is None
+    assert len(task.worker_hosts) == 4
   if role != 'ps':  # The ps writes where the chief's saver tells it.
     assert flags.train_dir == '/shared/train'
     assert flags.data_dir == '/shared/data/cifar-10-batches-bin'
@@ -345,3 +359,82 @@ def test_k8s_failures_follow_the_exit_code_contract(role):
   assert failure_action(job, 'tensorflow', 143, disrupted=True) == 'Ignore'
   # A failed download is retried.
   assert failure_action(job, 'fetch-data', 1) == 'Count'
+
+
+def test_updates_hand_out_as_many_tokens_as_they_take_gradients():
+  # docs/kubernetes.md's argument that no running worker's gradient is
+  # dropped: each update takes a gradient per listed slot and hands out a
+  # token per gradient, as SyncReplicasOptimizer is built by the trainer
+  # (replicas_to_aggregate defaults to the workers listed).
+  argv = pod_argv(jobs()['worker'], 0)
+  (hosts,) = [a.split('=', 1)[1] for a in argv
+              if a.startswith('--worker_hosts=')]
+  given = [int(a.split('=', 1)[1]) for a in argv
+           if a.startswith('--replicas_to_aggregate=')]
+  slots = len(hosts.split(','))
+  opt = tf1.train.SyncReplicasOptimizer(
+      tf1.train.GradientDescentOptimizer(0.1),
+      replicas_to_aggregate=(given or [slots])[0], total_num_replicas=slots)
+  # pylint: disable-next=protected-access
+  assert opt._tokens_per_step == opt._replicas_to_aggregate == slots == 4
+  # The TFJob lists the workers it runs: neither manifest takes fewer.
+  for name in MANIFESTS:
+    for document in manifests.documents(name):
+      for template in pod_templates(document):
+        argv = manifests.trainer_argv(manifests.trainer(template))
+        assert not [a for a in argv if 'replicas_to_aggregate' in a], name
+
+
+def pod_templates(document):
+  """The pod templates of a Job or a TFJob; [] for any other kind."""
+  if document['kind'] == 'TFJob':
+    return [s['template'] for s in document['spec']['tfReplicaSpecs'].values()]
+  return [document['spec']['template']] if document['kind'] == 'Job' else []
+
+
+def test_the_docs_scaling_commands_fit_the_manifest():
+  with open(os.path.join(ROOT, 'docs', 'kubernetes.md'),
+            encoding='utf-8') as f:
+    doc = ' '.join(f.read().split())  # Its lines wrapped anywhere.
+  patches = re.findall(r"kubectl patch job (\S+) --type=merge -p '([^']*)'",
+                       doc)
+  workers = jobs()['worker']
+  sizes = []
+  for name, patch in patches:
+    assert name == workers['metadata']['name']
+    spec = json.loads(patch)['spec']
+    assert spec['completions'] == spec['parallelism']  # Elastic: both.
+    sizes.append(spec['completions'])
+  assert sizes == [4, workers['spec']['completions']]  # To every slot, back.
+  # The slots it names are those listed, and each update takes them all.
+  hosts = pod_hosts(workers, slots=4).split(',')
+  assert '--worker_hosts=%s,...,%s' % (hosts[0], hosts[-1]) in doc
+  assert 'lost worker 3 at %s' % hosts[3] in doc
+  assert 'the 2 left compute its share of each update of 4 gradients' in doc
+
+
+def test_the_pages_line_for_a_train_dir_of_the_earlier_manifest(flags,
+                                                                tmp_path):
+  # The earlier manifest's updates took 2 gradients, now 4: the default
+  # exponential schedule decays after as many examples, so at other global
+  # steps. The chief says so, once.
+  def schedule(gradients):
+    examples = gradients * flags.batch_size
+    return learning_rate.Schedule(
+        flags.lr_schedule, flags.initial_learning_rate, examples,
+        flags.lr_scaling, flags.warmup_steps, 100000, learning_rate.decay_steps(
+            cifar10_input.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN, examples,
+            flags.num_epochs_per_decay), flags.learning_rate_decay_factor)
+  said = []
+  resume = types.SimpleNamespace(step=1234)
+  run_records.check_schedule_record(str(tmp_path), schedule(2), None,
+                                    said.append)
+  for _ in range(2):
+    run_records.check_schedule_record(str(tmp_path), schedule(4), resume,
+                                      said.append)
+  assert len(said) == 1, said
+  line = 'Worker 0: ' + said[0].replace(str(tmp_path), '/shared/train').replace(
+      'global step 1234', 'global step N')
+  with open(os.path.join(ROOT, 'docs', 'kubernetes.md'),
+            encoding='utf-8') as f:
+    assert '\n    %s\n' % line in f.read()

@@ -112,3 +112,29 @@ def test_changes_name_the_flags_that_differ():
   assert learning_rate.changes(None, now) == [
       '--lr_schedule exponential -> cosine', '--lr_scaling none -> linear']
   assert learning_rate.changes(None, schedule('exponential', 999)) == []
+
+
+def test_changes_leave_out_what_the_rate_does_not_depend_on():
+  # A longer exponential run keeps its rate: no change to speak of (issue
+  # 44: the README's resume with a larger --max_steps warned).
+  exponential = schedule('exponential', max_steps=400)
+  longer = dict(exponential._asdict(), max_steps=500)
+  assert learning_rate.changes(longer, exponential) == []
+  # A cosine's rate depends on --max_steps, not on the decay's fields.
+  cosine = schedule('cosine', max_steps=500)
+  assert learning_rate.changes(dict(cosine._asdict(), max_steps=400,
+                                    decay_steps=99, decay_factor=0.2),
+                               cosine) == ['--max_steps 400 -> 500']
+  # Examples per update count when the rate is scaled with them; otherwise
+  # only the decay steps they move do.
+  assert learning_rate.changes(
+      dict(exponential._asdict(), examples_per_update=256,
+           decay_steps=5), exponential) == ['decay steps 5 -> 10']
+  scaled = schedule('exponential', 128, 'linear')
+  assert learning_rate.changes(dict(scaled._asdict(), examples_per_update=256),
+                               scaled) == ['examples per update 256 -> 128']
+  # Another kind: what either schedule depends on.
+  assert learning_rate.changes(dict(cosine._asdict(), kind='exponential',
+                                    max_steps=400), cosine) == [
+                                        '--lr_schedule exponential -> cosine',
+                                        '--max_steps 400 -> 500']

@@ -220,6 +220,45 @@ def test_interrupting_the_script_stops_everything_it_started(
       s.listen()
 
 
+def test_a_free_worker_slot_takes_a_worker_started_by_hand(
+    tmp_path, tiny_data, script_procs):
+  # Workers that come and go, locally (issue 44): 2 slots, 1 started; the
+  # script prints the command that starts the other, which joins; Ctrl-C
+  # stops it, and the chief says so.
+  proc = run_script(tmp_path, tiny_data, '--num_workers=1',
+                    '--worker_slots=2', '--max_steps=100000', *FAST,
+                    '--lost_worker_secs=3')
+  script_procs.append(proc)
+  out_path = str(tmp_path / 'script.out')
+  wait_for(out_path, 'Train accuracy', proc, 120)
+  out = (tmp_path / 'script.out').read_text()
+  workers = re.search(r'^Cluster: ps localhost:\d+; workers (\S+);', out,
+                      re.M).group(1).split(',')
+  flagfile = tmp_path / 'logs' / 'cluster.flags'
+  command = ('%s %s/train_distributed.py --flagfile=%s --job_name=worker '
+             '--task_index=1' % ('python3', ROOT, flagfile))
+  assert ('Worker slot 1 free, at %s: start worker 1 with `%s`, stop it with '
+          'Ctrl-C' % (workers[1], command)) in out.splitlines(), out
+  assert flagfile.read_text().splitlines()[:4] == [
+      '--ps_hosts=' + re.search(r'ps (\S+);', out).group(1),
+      '--worker_hosts=' + ','.join(workers), '--data_dir=' + tiny_data,
+      '--train_dir=%s' % (tmp_path / 'train')]
+  with open(tmp_path / 'worker1.log', 'w') as log:  # As a user types it.
+    joiner = subprocess.Popen(command.split(), stdout=log,
+                              stderr=subprocess.STDOUT, cwd='/',
+                              start_new_session=True)
+  script_procs.append(joiner)
+  wait_for(str(tmp_path / 'worker1.log'), 'Train accuracy', joiner, 120)
+  joiner.send_signal(signal.SIGINT)
+  assert joiner.wait(timeout=60) == 130
+  assert 'Worker 1: SIGINT; exiting' in (tmp_path / 'worker1.log').read_text()
+  wait_for(out_path, 'Worker 0: lost worker 1 at %s (Connection refused for '
+           '3 s)' % workers[1], proc, 60)
+  proc.send_signal(signal.SIGINT)
+  assert proc.wait(timeout=30) == 130
+  assert not processes_mentioning(str(tmp_path))
+
+
 def test_evaluator_counts_every_test_record_exactly_once(procs, tmp_path,
                                                         tiny_data):
   train_dir = str(tmp_path / 'train')

@@ -53,9 +53,9 @@ def test_restarts_trim_what_an_earlier_release_left(procs, tiny_data,
 
 
 # Asynchronous, worker 1 trains alone until it sees the chief gone (after
-# --lost_worker_secs, 4 s here, and a poll of 2 s), and again as soon as the
+# --lost_worker_secs, 9 s here, and a poll of 2 s), and again as soon as the
 # chief's port is back: leave steps for the chief.
-@pytest.mark.parametrize('num_ps, sync, max_steps', [(2, False, 400),
+@pytest.mark.parametrize('num_ps, sync, max_steps', [(2, False, 800),
                                                      (1, True, 100)],
                          ids=['2ps_async', '1ps_sync'])
 def test_a_lost_chief_is_said_and_its_return_keeps_the_ps_model(
@@ -63,7 +63,7 @@ def test_a_lost_chief_is_said_and_its_return_keeps_the_ps_model(
   train_dir = str(tmp_path / 'train')
   flags = cluster_flags(tiny_data, train_dir, num_ps=num_ps) + [
       '--max_steps=%d' % max_steps, '--save_checkpoint_steps=20',
-      '--log_frequency=1', '--lost_worker_secs=4'] + (
+      '--log_frequency=1', '--lost_worker_secs=9'] + (
           [] if sync else ['--nosync_replicas'])
   chief = flags[1].split('=')[1].split(',')[0]
   for i in range(num_ps):
@@ -85,9 +85,10 @@ def test_a_lost_chief_is_said_and_its_return_keeps_the_ps_model(
           'checkpoint is written until it is back, and the steps since its '
           'last one are only on the ps tasks, which keep them: start it '
           'again and it goes on from there. This worker waits for it' % chief)
-  # Not before --lost_worker_secs: the same threshold as for any task.
+  # Not before --lost_worker_secs, the same threshold as for any task (it
+  # was a fixed 6 s: said 6 to 8 s after).
   procs.wait_for_line('worker1', lost, 60)
-  assert time.time() - killed >= 4
+  assert time.time() - killed >= 9
   before = printed_steps(procs.log('worker1'))
   assert max(before) > saved, (before, saved)
   waiting = procs.log('worker1')
@@ -354,13 +355,12 @@ def test_a_resumed_run_says_when_its_learning_rate_changed(procs, tiny_data,
         'kind': 'exponential', 'initial': 0.1, 'examples_per_update': 16,
         'scaling': 'none', 'warmup_steps': 0, 'max_steps': 10,
         'decay_steps': 4375, 'decay_factor': 0.1}
-  # A new --max_steps moves the cosine schedule: said, and recorded.
+  # A new --max_steps leaves the exponential schedule as it was (the
+  # README's resume, issue 44): nothing said, the new length recorded.
   procs.trainer('longer', '--max_steps=20', *flags)
   assert procs.wait_all(timeout=120)['longer'] == 0, procs.tails()
-  assert ('Worker 0: %s was trained with another learning-rate schedule; '
-          'from global step 10 on it follows this one (--max_steps 10 -> '
-          '20); give every task the earlier flags to keep it' % train_dir
-          ) in procs.log('longer').splitlines(), procs.log('longer')
+  assert not re.search('trained with|follows this one|Warning',
+                       procs.log('longer')), procs.log('longer')
   with open(record) as f:
     assert json.load(f)['max_steps'] == 20
   # The same command again: nothing changed, nothing said or written.
@@ -385,6 +385,19 @@ def test_a_resumed_run_says_when_its_learning_rate_changed(procs, tiny_data,
   assert 'earlier release' not in log and 'follows this one' not in log, log
   with open(record, 'rb') as f:
     assert f.read() == written
+  # A cosine falls to 0 at --max_steps: a new one moves it, which is said.
+  cosine = flags + ['--lr_schedule=cosine']
+  procs.trainer('cosine', '--max_steps=20', *cosine)
+  assert procs.wait_all(timeout=120)['cosine'] == 0, procs.tails()
+  assert '(--lr_schedule exponential -> cosine)' in procs.log('cosine'), (
+      procs.log('cosine'))
+  procs.trainer('cosine_longer', '--max_steps=25', *cosine)
+  assert procs.wait_all(timeout=120)['cosine_longer'] == 0, procs.tails()
+  assert ('Worker 0: %s was trained with another learning-rate schedule; '
+          'from global step 20 on it follows this one (--max_steps 20 -> '
+          '25); give every task the earlier flags to keep it' % train_dir
+          ) in procs.log('cosine_longer').splitlines(), procs.log(
+              'cosine_longer')
 
 
 def test_evaluator_evaluates_a_checkpoint_written_again_under_its_name(
@@ -413,6 +426,47 @@ def test_evaluator_evaluates_a_checkpoint_written_again_under_its_name(
   # Once each: the damaged one said once, the good one evaluated once.
   assert results.count('20') == 1, results
   assert procs.log('evaluator').count('cannot read the checkpoint') == 1
+
+
+def test_evaluator_evaluates_each_checkpoint_content_once(procs, tiny_data,
+                                                        tmp_path):
+  """A finished chief started again writes model.ckpt-N anew, the same
+  model: neither the evaluator watching nor a later one evaluates it again
+  (issue 44: four identical lines in results.jsonl)."""
+  train_dir = str(tmp_path / 'train')
+  flags = single_process_flags(tiny_data, train_dir)
+  procs.trainer('first', '--max_steps=5', *flags)
+  assert procs.wait_all(timeout=120)['first'] == 0, procs.tails()
+  path = os.path.join(train_dir, 'model.ckpt-5')
+  evaluator = ['--job_name=evaluator', '--eval_interval_secs=0.5',
+               '--data_dir=' + tiny_data, '--train_dir=' + train_dir]
+  procs.trainer('watching', '--max_steps=6', *evaluator)  # Past 5: it stays.
+  procs.wait_for_line('watching', ': step 5, loss = ', 90)
+  written = os.stat(path + '.index').st_mtime_ns
+  procs.trainer('again', '--max_steps=5', *flags)
+  assert procs.procs['again'].wait(120) == 0, procs.tails()
+  assert os.stat(path + '.index').st_mtime_ns != written  # Written anew.
+  said = ('Evaluator: %s holds the model evaluated already (model.ckpt-5, '
+          'results.jsonl): not evaluated again' % path)
+  procs.wait_for_line('watching', said, 60)
+  procs.procs['watching'].send_signal(signal.SIGINT)
+  assert procs.procs['watching'].wait(60) == 130
+  results = os.path.join(train_dir, 'eval', 'results.jsonl')
+  with open(results) as f:
+    lines = f.read().splitlines()
+  assert len(lines) == 1, lines
+  result = json.loads(lines[0])
+  assert result['index_sha256'] and result['test_file'] == os.path.join(
+      tiny_data, 'test_batch.bin')
+  # A later evaluator at --max_steps: the result it has, as first printed.
+  procs.trainer('later', '--max_steps=5', *evaluator)
+  assert procs.procs['later'].wait(90) == 0, procs.tails()
+  log = procs.log('later')
+  printed = [l for l in procs.log('watching').splitlines()
+             if 'Test accuracy' in l]
+  assert log.splitlines()[-2:] == [said, printed[0]], log
+  with open(results) as f:
+    assert f.read().splitlines() == lines
 
 
 EMPTY_TEST_SET = (

@@ -1,5 +1,6 @@
 """scripts/plan_cluster.py: its predictions, its answer, and the README's
-"How many ps tasks?" table, which must be what the planner prints."""
+"How many ps tasks?" table and docs/kubernetes.md's table of workers
+running in listed slots, which must be what the planner prints."""
 
 import os
 import re
@@ -139,6 +140,38 @@ def test_the_plot_of_workers_by_hand():
                        pytest.approx(1098.44, abs=0.01)]
 
 
+def test_updates_of_a_gradient_per_slot_by_hand():
+  # 1 ps, 4 slots, 10 Gbit/s, a 5 ms step: a round of n workers moves n x
+  # 719,848 bytes each way over the ps's link at 1.033 x 8 bits a byte,
+  # n x 0.59 ms, its pushes hidden in 0.58 x 5 ms: 5 + n x 0.59 ms. An
+  # update of 4 gradients: 1 running, 4 rounds of 5.59 = 22.38 ms; 2, 2
+  # rounds of 6.19 = 12.38; 3, a round of 3 and one of 1, 6.78 + 5.59 =
+  # 12.38, no faster than 2; 4, one round, 7.38. Images/s: 512,000 / ms.
+  rows = plan_cluster.running_rows(5, 4, 10000, 1.0, 128, 719848, 4)
+  assert [(n, round(ms, 2), round(updates, 2), round(rate))
+          for n, ms, updates, rate in rows] == [
+              (1, 22.38, 44.68, 22878), (2, 12.38, 80.78, 41359),
+              (3, 12.38, 80.78, 41359), (4, 7.38, 135.51, 69381)]
+
+
+def test_the_kubernetes_pages_table_is_the_planners(capsys):
+  code, out = in_process(capsys, '--step_ms=5', '--slots=4', '--link_gbit=10',
+                         '--max_ps=1')
+  assert code == 0, out
+  assert 'With 1 ps, each update 4 gradients (512 examples)' in out
+  table = out[out.index('| workers running'):].split('\n\n')[0]
+  assert len(table.splitlines()) == 2 + 4
+  with open(os.path.join(ROOT, 'docs', 'kubernetes.md'),
+            encoding='utf-8') as f:
+    page = f.read()
+  assert table in page
+  assert ('python3 scripts/plan_cluster.py --step_ms=5 --slots=4 '
+          '--link_gbit=10 --max_ps=1') in page
+  assert out.strip().endswith('With 3 running, the last round of each update '
+                              'has fewer gradients to make than workers: the '
+                              "others wait for the next update's tokens.")
+
+
 def test_a_plot_that_cannot_be_written_is_one_line(tmp_path):
   code, out = planner('--step_ms=5', '--num_workers=16', '--link_gbit=1',
                       '--plot=%s' % (tmp_path / 'none' / 'plan.png'))
@@ -163,6 +196,8 @@ def test_a_plot_that_cannot_be_written_is_one_line(tmp_path):
      '--num_workers must be given and above 0 (got 0)'),
     (['--step_ms=45', '--num_workers=8', '--link_gbit=1', '--model_bytes=0'],
      '--model_bytes must be given and above 0 (got 0)'),
+    (['--step_ms=5', '--slots=4', '--num_workers=2', '--link_gbit=10'],
+     '--slots=4 plans 1 to 4 workers running; drop --num_workers'),
     (['--typical', '--num_workers=8'],
      "--typical prints the README's table for its own clusters; drop "
      '--num_workers, or drop --typical'),

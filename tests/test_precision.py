@@ -402,7 +402,7 @@ def run_scaled_steps(steps, initial_scale, period=2000):
     images = tf.constant(rng.rand(8, 32, 32, 3).astype(np.float32))
     labels = tf.constant(rng.randint(0, 10, 8).astype(np.int32))
     graph = train_graph.build(images=images, labels=labels, num_ps=0,
-                              is_chief=True, schedule=CONSTANT_RATE,
+                              worker=0, schedule=CONSTANT_RATE,
                               loss_scale=initial_scale,
                               loss_scale_period=period)
     scaling = graph.loss_scaling
@@ -489,7 +489,7 @@ def two_workers(procs):
           labels = tf.constant(rng.randint(0, 10, 16).astype(np.int32))
         with tf1.device(variables):
           built = train_graph.build(images=images, labels=labels, num_ps=1,
-                                    is_chief=task == 0,
+                                    worker=task,
                                     schedule=CONSTANT_RATE,
                                     loss_scale=initial_scale,
                                     pack_transfers=True)

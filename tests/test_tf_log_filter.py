@@ -9,15 +9,18 @@ our one error line, the same with TF_CPP_MIN_LOG_LEVEL=0, and a process that
 aborts right after writing to file descriptor 2, as a fatal C++ error does.
 """
 
+import glob
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, free_ports
 
 sys.path.insert(0, ROOT)
 from training import log_filter  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -234,3 +237,82 @@ def test_a_trainer_prints_only_its_own_lines_unless_level_0():
   assert message in everything
   assert any(log_filter.CPP_LOG_LINE.match(line.encode())
              for line in everything.splitlines()), everything
+
+
+# Scripts that load TensorFlow: each must start as the trainer does.
+LOADS_TENSORFLOW = re.compile(
+    r'^\s*(import tensorflow|from tensorflow|import (cifar10_(input|model|eval)'
+    r'|train_graph|train_distributed)\b)', re.M)
+
+
+def test_every_script_that_loads_tensorflow_starts_as_the_trainer():
+  # scripts/ and tools/: what imports TensorFlow, directly or through the
+  # article's modules, calls process.start() (the filter, TensorFlow's
+  # Python warnings off); the others (the download, the converters) load
+  # no TensorFlow at all.
+  paths = glob.glob(os.path.join(ROOT, 'scripts', '*.py')) + glob.glob(
+      os.path.join(ROOT, 'tools', '*.py'))
+  for path in paths:
+    with open(path) as f:
+      text = f.read()
+    if "__name__ == '__main__'" in text and LOADS_TENSORFLOW.search(text):
+      assert 'process.start()' in text, path
+  light = ['download_cifar10', 'make_cifar_binary', 'make_synthetic_cifar10']
+  got = subprocess.run(
+      [sys.executable, '-c', 'import sys; sys.path.insert(0, "scripts")\n'
+       'import %s\nprint(sorted(m for m in sys.modules if m.split(".")[0] in '
+       '("tensorflow", "keras")))' % ', '.join(light)],
+      cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+  assert got.stdout == '[]\n' and got.stderr == ''
+
+
+def is_tensorflows(line):
+  """Whether a line of stderr is TensorFlow's C++ log or a deprecation."""
+  return bool(log_filter.CPP_LOG_LINE.match(line.encode()) or re.search(
+      r'cuInit|absl::InitializeLog|deprecat|WARNING:tensorflow', line))
+
+
+def test_scripts_and_tensorboard_print_only_their_own_lines(tiny_data,
+                                                            tmp_path):
+  # As a user runs them, side by side: what the network is fed, the
+  # planner, and the documented TensorBoard command, stopped once it serves.
+  env = dict(os.environ)
+  env.pop('TF_CPP_MIN_LOG_LEVEL', None)
+  port, = free_ports(1)
+  commands = {
+      'show_inputs': [sys.executable, 'scripts/show_inputs.py',
+                      '--data_dir=' + tiny_data, '--num=4',
+                      '--out=' + str(tmp_path / 'inputs.png')],
+      'plan_cluster': [sys.executable, 'scripts/plan_cluster.py',
+                       '--step_ms=45', '--num_workers=32', '--link_gbit=10'],
+      'tensorboard': ['bash', 'scripts/tensorboard.sh',
+                      '--logdir=' + str(tmp_path), '--port=%d' % port]}
+  procs = {name: subprocess.Popen(command, cwd=ROOT, env=env, text=True,
+                                  stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE)
+           for name, command in commands.items()}
+  try:
+    serving = 'TensorBoard 2.21.0 at http://localhost:%d/' % port
+    tensorboard = procs.pop('tensorboard')
+    lines = []
+    for line in tensorboard.stderr:  # Until it says it serves,
+      lines.append(line.rstrip('\n'))
+      if line.startswith(serving):
+        break
+    # and does (Ctrl-C before that is a KeyboardInterrupt in its start-up).
+    with urllib.request.urlopen('http://localhost:%d/' % port, timeout=60):
+      pass
+    tensorboard.send_signal(signal.SIGINT)  # Ctrl-C.
+    lines += tensorboard.communicate(timeout=60)[1].splitlines()
+    assert any(l.startswith(serving) for l in lines), lines
+    assert not [l for l in lines if is_tensorflows(l) or 'Traceback' in l], (
+        lines)
+    for name, proc in procs.items():
+      out, err = proc.communicate(timeout=120)
+      assert proc.returncode == 0, (name, err)
+      assert out and err == '', (name, err)
+  finally:
+    for proc in list(procs.values()) + [tensorboard]:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()

@@ -115,9 +115,11 @@ def test_a_synchronous_chief_sends_each_kind_once():
 
 
 def test_a_synchronous_worker_sends_no_statistics():
-  """Not the chief: no statistics, so nothing of the train op on the ps."""
+  """Not the chief: no statistics; the train op's part on the ps is the
+  progress mark (sync_protocol.mark_progress), one control edge back."""
   assert crossing(1, True, 1) == {
-      ('ps0', 'worker1'): sorted(['packed', TOKEN, STEP_AFTER]),
+      ('ps0', 'worker1'): sorted(['packed', TOKEN, STEP_AFTER,
+                                  '^train_op/NoOp']),
       ('worker1', 'ps0'): sorted([GRADIENTS, LOCAL_STEP, '^train_op'])}
 
 
@@ -176,7 +178,7 @@ def one_step(target, cluster, checkpoint, batch, out, packed=True):
     with tf1.device(variables):
       built = train_graph.build(
           images=images, labels=labels, num_ps=2 if cluster else 0,
-          is_chief=True, schedule=SCHEDULE,
+          worker=0, schedule=SCHEDULE,
           pack_transfers=packed and bool(cluster))
     saver = tf1.train.Saver(sharded=bool(cluster))
     config = tf1.ConfigProto(operation_timeout_in_ms=120000)  # No hang.
@@ -236,7 +238,7 @@ def test_a_cluster_step_trains_as_one_process(procs, tmp_path, monkeypatch,
   initial = str(tmp_path / 'initial')
   with tf.Graph().as_default():
     train_graph.build(images=tf.constant(batch[0]),
-                      labels=tf.constant(batch[1]), num_ps=0, is_chief=True,
+                      labels=tf.constant(batch[1]), num_ps=0, worker=0,
                       schedule=SCHEDULE)
     saver = tf1.train.Saver()
     with tf1.Session() as sess:

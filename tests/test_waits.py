@@ -86,6 +86,34 @@ def test_ps_names_a_slot_never_started_then_exits_without_it(
   assert_clean_logs(procs)
 
 
+def test_a_ps_no_worker_reached_names_the_workers(procs, tiny_data,
+                                                 tmp_path):
+  """The first mistake names itself (issue 44): a ps whose workers never
+  started (they failed on their data, or --worker_hosts is wrong) names
+  them, as a worker names a missing ps; once a worker is there, no more."""
+  flags = cluster_flags(tiny_data, str(tmp_path / 'train')) + [
+      '--max_steps=1000000'] + REPORT
+  workers = hosts(flags, 'worker_hosts')
+  procs.trainer('ps0', '--job_name=ps', '--task_index=0', *flags)
+  named = ('ps 0: no worker has reached this ps after %%d s; worker 0 at %s '
+           '(Connection refused), worker 1 at %s (Connection refused): start '
+           'them, or check --worker_hosts' % tuple(workers))
+  procs.wait_for_line('ps0', named % 2, LINE_SECS)
+  procs.wait_for_line('ps0', named % 6, LINE_SECS)  # Again 4 s later.
+  procs.trainer('worker1', '--job_name=worker', '--task_index=1', *flags)
+  chief = ('Worker 1: waiting for the chief, worker 0 at %s, to initialize or '
+           'restore the model' % workers[0])
+  procs.wait_for_line('worker1', chief, LINE_SECS)
+  said = procs.log('ps0').count('no worker has reached')
+  # The worker's next line comes 4 s later: the ps, saying its wait every
+  # 4 s, probed meanwhile, found worker 1 and said nothing.
+  wait_until(lambda: procs.log('worker1').count(chief) >= 2, LINE_SECS,
+             'the second wait line', procs)
+  assert procs.log('ps0').count('no worker has reached') == said, (
+      procs.log('ps0'))
+  assert_clean_logs(procs)
+
+
 class Clock:
   """A clock that stands where the test puts it."""
 

@@ -7,6 +7,7 @@ import sys
 import tensorflow as tf
 
 from training import checkpoints
+from training import export_record
 from training import placement
 from training import run_records
 
@@ -14,7 +15,7 @@ tf1 = tf.compat.v1
 
 
 def chief_start(train_dir, data, new_data, max_steps, num_ps, schedule,
-                shadows):
+                shadows, *, standardize=True):
   """What the chief says and checks before its session: the data it trains
   on (run_records.check_data_record), what it resumes, a schedule of the
   learning rate that changed, a run already at max_steps, and what each ps
@@ -29,6 +30,8 @@ def chief_start(train_dir, data, new_data, max_steps, num_ps, schedule,
     schedule: The learning_rate.Schedule of this run.
     shadows: {moving average: its weight}: the averages a checkpoint of an
       earlier release may lack and that start from their weights.
+    standardize: --standardize, recorded for scripts/export_model.py with
+      the class names (export_record).
 
   Returns:
     The checkpoints.Resume to resume from, or None.
@@ -39,6 +42,7 @@ def chief_start(train_dir, data, new_data, max_steps, num_ps, schedule,
                                 say_as_chief)
   run_records.check_schedule_record(train_dir, schedule, resume,
                                     say_as_chief)
+  export_record.write(train_dir, data['data_dir'], standardize=standardize)
   if resume and resume.step >= max_steps:
     say_as_chief('%s is at global step %d, at or past --max_steps=%d: '
                  'nothing to train, it stops at once (raise --max_steps to '

@@ -14,6 +14,7 @@ import http.client
 import os
 import re
 import urllib.error
+import urllib.parse
 import urllib.request
 
 from tqdm import tqdm
@@ -39,6 +40,15 @@ class State:
     self.total = None  # The file's bytes, when the server says.
     self.start = 0  # Bytes kept from an earlier run.
     self.checked = False  # It is complete and its MD5 right.
+
+
+def local_path(url):
+  """The file that --url names on this machine (a path, or a file:// URL),
+  or None for a URL to download."""
+  parsed = urllib.parse.urlparse(url)
+  if parsed.scheme == 'file':
+    return urllib.request.url2pathname(parsed.path)
+  return None if '://' in url else url
 
 
 def part_path(data_dir):
@@ -80,8 +90,9 @@ def request(url, offset, timeout, state):
       return e, 416  # Nothing after offset: complete, or not ours.
     why = 'HTTP error %d (%s): check --url' % (e.code, e.reason)
   except NETWORK_ERRORS as e:
-    why = '%s: check the network, or pass --url=MIRROR' % (
-        getattr(e, 'reason', None) or e)
+    why = ('%s: check the network, or fetch the file where you can and pass '
+           'its path, --url=PATH/cifar-10-binary.tar.gz (or a mirror\'s URL)'
+           % (getattr(e, 'reason', None) or e))
   raise DownloadError('could not download %s: %s%s' % (
       url, why, '; %s: %s' % (kept(state), RESUME) if offset else ''))
 

@@ -118,12 +118,27 @@ FIELD_NAMES = {'kind': '--lr_schedule', 'initial': '--initial_learning_rate',
                'decay_factor': '--learning_rate_decay_factor'}
 
 
+def depends_on(kind, scaling):
+  """The fields a schedule's rate depends on: --max_steps moves a cosine,
+  not an exponential one; the decay's steps and factor the reverse; the
+  examples per update count only when the rate is scaled with them."""
+  fields = {'kind', 'initial', 'scaling', 'warmup_steps'}
+  fields |= ({'decay_steps', 'decay_factor'} if kind == 'exponential' else
+             {'max_steps'})
+  if scaling == 'linear':
+    fields.add('examples_per_update')
+  return fields
+
+
 def changes(recorded, schedule):
   """What differs between a recorded schedule (a dict of Schedule's fields;
-  None: a run of an earlier release) and this one: ['--max_steps 4700 ->
-  9400', ...], in Schedule's order."""
+  None: a run of an earlier release) and this one, among the fields either
+  rate depends on: ['--max_steps 4700 -> 9400', ...], in Schedule's order.
+  A longer run of the exponential schedule changes nothing."""
   before = earlier_releases.SCHEDULE if recorded is None else recorded
   now = schedule._asdict()
+  matter = depends_on(now['kind'], now['scaling']) | depends_on(
+      before.get('kind'), before.get('scaling'))
   return ['%s %s -> %s' % (FIELD_NAMES[name], before[name], now[name])
           for name in Schedule._fields
-          if name in before and before[name] != now[name]]
+          if name in matter and name in before and before[name] != now[name]]

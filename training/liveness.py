@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 
+import grpc
 import tensorflow as tf
 
 from training import checkpoints
@@ -25,6 +26,9 @@ from training import checkpoints
 # --lost_worker_secs and --wait_report_secs; configure() sets them.
 LOST_SECS = 10
 REPORT_SECS = 10
+
+# Why a task that takes connections is not there (Tracker.probe).
+NOT_ANSWERING = 'takes connections but does not answer'
 
 # What a step, a save or a read fails with when a task of the cluster is
 # lost (a step spanning several tasks reports whichever part failed first).
@@ -52,6 +56,22 @@ def unreachable(hosts, timeout=2.0):
     except OSError as e:
       missing.append((i, address, e.strerror or str(e)))
   return missing
+
+
+def silent(address, timeout=2.0):
+  """Whether a task that takes connections does not answer: its gRPC server
+  (TensorFlow's WorkerService.GetStatus) gives no reply within timeout, as
+  a hung machine or a stopped process. A plain gRPC call, beside any
+  session: it never waits longer than timeout."""
+  channel = grpc.insecure_channel(address)
+  try:
+    channel.unary_unary('/tensorflow.WorkerService/GetStatus')(
+        b'', timeout=timeout)  # An empty GetStatusRequest.
+    return False
+  except grpc.RpcError as e:
+    return e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+  finally:
+    channel.close()
 
 
 def workers_named(indices, worker_hosts):
@@ -88,12 +108,16 @@ class Tracker:
     self._away = {}  # {index: (why, since when)}: its port takes nothing.
     self._progress = {}  # {index: when it last made progress}.
 
-  def probe(self, indices=None, timeout=1.0):
+  def probe(self, indices=None, timeout=1.0, answers=False):
     """Tries the ports of indices (all by default); returns {index: why}
-    of those that took no connection."""
+    of those that took no connection or, with answers, that took one but
+    did not answer (silent())."""
     indices = range(len(self.hosts)) if indices is None else list(indices)
     down = {indices[j]: why for j, _, why in unreachable(
         [self.hosts[i] for i in indices], timeout)}
+    if answers:
+      down.update({i: NOT_ANSWERING for i in indices
+                   if i not in down and silent(self.hosts[i], 2 * timeout)})
     self.observe(down, indices)
     return down
 
@@ -127,6 +151,35 @@ class Tracker:
     if index not in self._progress:
       return None
     return self._clock() - self._progress[index]
+
+
+class BoundedRead:
+  """Runs a session read in a thread of its own, waiting at most secs: a
+  watch thread never blocks on a hung ps. One read at a time: while one
+  still waits, the next is not tried."""
+
+  def __init__(self, secs=5.0):
+    self._secs = secs
+    self._pending = None
+
+  def __call__(self, session, fetches, feed_dict=None):
+    """Returns the fetches' values, or None (no answer in secs, a read still
+    pending, or an error: the session ended, a ps was lost)."""
+    if self._pending is not None and self._pending.is_alive():
+      return None
+    result = []
+
+    def run():
+      try:
+        result.append(session.run(fetches, feed_dict))
+      except (tf.errors.OpError, RuntimeError):
+        pass  # The session ended, or a ps was lost: said elsewhere.
+
+    self._pending = threading.Thread(target=run, daemon=True,
+                                     name='bounded_read')
+    self._pending.start()
+    self._pending.join(self._secs)
+    return result[0] if result else None
 
 
 class Cadence:

@@ -3,9 +3,9 @@
 Three session hooks that watch from threads and name what is missing, as
 liveness.WaitReporter does before the session: JoinedWorkersHook, the
 listed workers a synchronous chief goes on without; ChiefWatchHook, a lost
-chief, for which the other workers wait; LostWorkersHook, the chief's watch
-on workers lost for good, whose token it gives back. Whether a task is lost
-is liveness.Tracker's to say; the queues they read are sync_protocol's.
+or hung chief, for which the other workers wait; PsWatchHook, a hung ps.
+Whether a task is lost is liveness.Tracker's to say; the queues they read
+are sync_protocol's. The chief's watch on the workers is workers_watch.py.
 """
 
 import threading
@@ -44,7 +44,10 @@ class JoinedWorkersHook(tf1.train.SessionRunHook):
                        name='joined_workers').start()
 
   def _missing(self, session):
-    return [i for i, size in enumerate(session.run(self._sizes)) if not size]
+    sizes = liveness.BoundedRead()(session, self._sizes)
+    if sizes is None:
+      raise RuntimeError('no answer from ps 0')  # Said on its own.
+    return [i for i, size in enumerate(sizes) if not size]
 
   def _watch(self, session):
     """Looks every second; names the missing at liveness.Cadence, and says
@@ -103,17 +106,14 @@ class ChiefWatchHook(tf1.train.SessionRunHook):
 
   def _finished(self):
     """Whether training is over (the chief ends before the others)."""
-    try:
-      return self._session.run(self._global_step, options=tf1.RunOptions(
-          timeout_in_ms=10000)) >= self._max_steps
-    except (tf.errors.OpError, RuntimeError):
-      return False  # A ps lost too: that is said on its own.
+    step = liveness.BoundedRead(10)(self._session, self._global_step)
+    return step is not None and step >= self._max_steps
 
   def _watch(self):
     chief = liveness.Tracker([self._chief_host])
     while True:
       time.sleep(self.POLL_SECS)
-      if not chief.probe(timeout=2.0):
+      if not chief.probe(timeout=2.0, answers=True):
         if not self._present.is_set():
           print('%s: the chief, worker 0 at %s, is back; going on' % (
               self._name, self._chief_host), flush=True)
@@ -129,113 +129,40 @@ class ChiefWatchHook(tf1.train.SessionRunHook):
                   self._name, self._chief_host, chief.why(0)), flush=True)
 
 
-class LostWorkersHook(tf1.train.SessionRunHook):
-  """The chief's watch on the other workers: names one lost for good, and
-  in synchronous training gives the workers left the token it held.
+class PsWatchHook(tf1.train.SessionRunHook):
+  """A worker's watch on the ps tasks: names one that takes connections but
+  does not answer for --lost_worker_secs (a hung machine), and says when it
+  answers again. Only a gRPC call with a deadline, beside the session: the
+  training waits for the ps as before, and nothing else changes. A ps that
+  refuses connections is a lost task, said by liveness.ReportLostTask."""
 
-  A worker seen once that liveness.Tracker then finds lost is named. The
-  updates go on without it: SyncReplicasOptimizer's tokens are not per
-  worker, so the workers left compute its share of each update, but the
-  token it took for its step in flight went with it, and with every other
-  worker waiting for a token and the update one gradient short, nothing
-  moves. When the chief sees that (no token in the queue, fewer gradients
-  than an update takes, the global step still) it puts that one token back,
-  at the global step: the update gets its gradients, and no token piles up.
-  """
+  POLL_SECS = 2
 
-  POLL_SECS = 1
-
-  def __init__(self, *, worker_hosts, global_step, replicas=None):
-    """Args: worker_hosts: the listed workers; global_step: the training
-    graph's; replicas: gradients an update takes (synchronous), or None."""
-    self._hosts = worker_hosts
-    self._replicas = replicas
-    self._reads = self._refill = None
-    self._joined = sync_protocol.joined_sizes(len(worker_hosts))
-    if replicas:
-      # A worker lost in its step may have given its gradients to one ps
-      # only: the fewest any ps holds is what the update waits on.
-      self._refill = sync_protocol.refill_token(global_step)
-      self._reads = [sync_protocol.token_queue(global_step).size(),
-                     sync_protocol.fewest_gradients(),
-                     global_step.read_value()]
-    self._session = None
+  def __init__(self, task_index, ps_hosts):
+    self._name = 'Worker %d' % task_index
+    self._hosts = ps_hosts
+    self._started = False
 
   def after_create_session(self, session, coord):
-    first = self._session is None
-    self._session = session  # A new one after a lost ps.
-    if first:
+    if not self._started:
+      self._started = True
       threading.Thread(target=self._watch, daemon=True,
-                       name='lost_workers').start()
-
-  def _watched(self, seen):
-    """The workers known to have run: joined, or seen on their port."""
-    try:
-      sizes = self._session.run(self._joined, options=tf1.RunOptions(
-          timeout_in_ms=5000))
-    except (tf.errors.OpError, RuntimeError):
-      return seen  # A ps lost: said on its own.
-    return seen | {i for i, size in enumerate(sizes) if size and i}
+                       name='ps_watch').start()
 
   def _watch(self):
-    workers = liveness.Tracker(self._hosts)
-    others = range(1, len(self._hosts))  # The chief is 0.
-    seen, lost = set(), set()
-    owed, stalled = set(), []  # The lost whose token is not back yet.
+    ps, named = liveness.Tracker(self._hosts), set()
     while True:
-      down = workers.probe(others)
-      for i in others:
-        if i not in down:
-          if i in lost:
-            lost.discard(i)
-            owed.discard(i)
-            print('Worker 0: worker %d at %s is back; it trains again' % (
-                i, self._hosts[i]), flush=True)
-          seen.add(i)
-        elif i in seen and i not in lost and workers.lost(i):
-          lost.add(i)
-          if self._replicas:
-            owed.add(i)
-          print(self._lost_line(i, down[i], len(lost), workers.lost_secs),
-                flush=True)
-      if len(seen) < len(self._hosts) - 1:
-        seen = self._watched(seen)
-      if owed and self._give_back_token(stalled):
-        owed.pop()
       time.sleep(self.POLL_SECS)
-
-  def _lost_line(self, i, why, num_lost, lost_secs):
-    left = len(self._hosts) - num_lost
-    if not self._replicas:
-      share = 'the %d left train on' % left
-    elif left >= self._replicas:  # It was a backup: nothing to make up.
-      share = 'the %d left make each update of %d gradients' % (
-          left, self._replicas)
-    else:
-      share = 'the %d left compute its share of each update of %d gradients' % (
-          left, self._replicas)
-    return ('Worker 0: lost worker %d at %s (%s for %d s); %s; start it again '
-            'and it rejoins' % (i, self._hosts[i], why, lost_secs, share))
-
-  def _give_back_token(self, stalled):
-    """Puts one token back once the updates have stalled for 3 polls in a
-    row (no token, an update short of gradients, the same global step);
-    returns whether it did."""
-    try:
-      size, gradients, step = self._session.run(
-          self._reads, options=tf1.RunOptions(timeout_in_ms=5000))
-    except (tf.errors.OpError, RuntimeError):
-      return False  # The session ended, or a ps was lost: said elsewhere.
-    if size or gradients >= self._replicas or (stalled and
-                                               stalled[-1] != step):
-      stalled.clear()
-      return False
-    stalled.append(step)
-    if len(stalled) < 3:
-      return False
-    stalled.clear()
-    try:
-      self._session.run(self._refill)
-    except (tf.errors.OpError, RuntimeError):
-      return False  # The queue closed: training is over.
-    return True
+      down = ps.probe(answers=True)
+      for i, host in enumerate(self._hosts):
+        if down.get(i) == liveness.NOT_ANSWERING and ps.lost(i):
+          if i not in named:
+            named.add(i)
+            print('%s: ps %d at %s takes connections but has not answered '
+                  'for %d s: check that machine (its load, memory, disk and '
+                  'network); training waits for it' % (
+                      self._name, i, host, ps.lost_secs), flush=True)
+        elif i in named and i not in down:
+          named.discard(i)
+          print('%s: ps %d at %s answers again' % (self._name, i, host),
+                flush=True)

@@ -1,12 +1,14 @@
 """How a process of the suite starts and ends.
 
 Every entry point that loads TensorFlow (the trainer, the planner,
-show_inputs, the benchmark and its TF2 peer, the elastic run) starts with
+show_inputs, the benchmark and its TF2 peer, the elastic run, TensorBoard
+through scripts/tensorboard.sh) starts with
 start(), from its `if __name__ == '__main__':` block, before TensorFlow is
 imported: a test that imports one keeps its own stderr and environment.
 exit_now() ends it, whatever other threads wait for.
 """
 
+import logging
 import os
 import sys
 
@@ -25,6 +27,12 @@ def start():
   # starts 1-2 s sooner.
   log_filter.install()
   os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
+  # And TensorFlow's Python warnings, the TF1 API's deprecation notes at
+  # every start (`WARNING:tensorflow:From ...: ... is deprecated`), which
+  # the trainer's logger settings drop too; its errors show.
+  if os.environ['TF_CPP_MIN_LOG_LEVEL'] in ('1', '2', '3'):
+    logging.getLogger('tensorflow').addFilter(
+        lambda record: record.levelno != logging.WARNING)
 
 
 def exit_now(status):

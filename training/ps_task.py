@@ -3,7 +3,9 @@
 The reference's ps blocked in server.join() forever. Here a ps serves until
 each worker has posted to its done queue (sync_protocol), or, once training
 is over, is gone (liveness: its port refuses for --lost_worker_secs), then
-exits 0. While it waits it says for whom, at liveness's Cadence.
+exits 0. While it waits it says for whom, at liveness's Cadence: before
+any worker has reached it, the workers whose ports take no connection
+(NoWorkerYet); at the end, the workers not done yet.
 """
 
 import time
@@ -60,6 +62,7 @@ def wait_for_done(sess, dequeue, tracker, task_index):
   done; returns the indices of those done."""
   workers = tracker.hosts
   done, cadence = set(), liveness.Cadence()
+  first = NoWorkerYet(workers, task_index)
   while len(done) < len(workers):
     try:
       done.add(int(sess.run(dequeue, options=tf1.RunOptions(
@@ -67,6 +70,7 @@ def wait_for_done(sess, dequeue, tracker, task_index):
       continue
     except tf.errors.DeadlineExceededError:
       if not done:
+        first.check()
         continue
     # Training is over: who else is still there?
     late = set(range(len(workers))) - done
@@ -81,6 +85,39 @@ def wait_for_done(sess, dequeue, tracker, task_index):
                                  liveness.workers_named(late - gone, workers)),
             flush=True)
   return done
+
+
+class NoWorkerYet:
+  """Names the workers while none has reached this ps, at the Cadence.
+
+  A worker's server takes connections from its start, before its session
+  reaches the ps tasks: once any worker's port has answered, a worker is
+  there and this ps says no more; until then, a ps started first and alone
+  (the workers failed at their start, or --worker_hosts is wrong) says
+  which addresses it expects and what each probe got.
+  """
+
+  def __init__(self, workers, task_index):
+    self._workers, self._task_index = workers, task_index
+    self._cadence = liveness.Cadence()
+    self._said = 0  # Lines so far: the n-th comes at first x (2n - 1) s.
+    self.reached = False
+
+  def check(self):
+    """Probes the workers when a line is due; says it if none answers."""
+    if self.reached or not self._cadence.due():
+      return
+    missing = liveness.unreachable(self._workers, timeout=1.0)
+    if len(missing) < len(self._workers):
+      self.reached = True
+      return
+    self._said += 1
+    print('ps %d: no worker has reached this ps after %g s; %s: start %s, '
+          'or check --worker_hosts' % (
+              self._task_index,
+              self._cadence.first_secs * (2 * self._said - 1),
+              ', '.join('worker %d at %s (%s)' % m for m in missing),
+              'it' if len(missing) == 1 else 'them'), flush=True)
 
 
 def wait_for_exit(workers, secs):

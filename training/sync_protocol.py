@@ -78,6 +78,140 @@ def fewest_gradients():
   return _once('gradients', build)
 
 
+# SyncReplicasOptimizer's local variable: the global step a worker's next
+# gradient is for (the value of the token it took).
+LOCAL_STEP = 'sync_rep_local_step'
+
+# What the progress table on the global step's ps holds for worker i: the
+# local step of its last gradient applied, its steps so far, whether the
+# chief set it aside (1) and how long its last trial step took (ms).
+APPLIED, STEPS, ASIDE, TRIAL_MS = 0, 1, 2, 3
+KINDS = 4
+
+
+def _key(kind, worker):
+  return kind * 1000000 + worker
+
+
+def local_step():
+  """SyncReplicasOptimizer's local step variable of this worker's graph."""
+  return next(v for v in tf1.local_variables()
+              if v.op.name.endswith(LOCAL_STEP))
+
+
+def progress_table(global_step):
+  """A table on the global step's ps: each worker's progress (see APPLIED).
+
+  Not a variable: it is in no checkpoint and needs no initialization, and
+  every worker's graph names the same one (its shared name).
+  """
+  def build():
+    # Placed here, not by replica_device_setter (which places tables too).
+    with tf1.device(None), tf1.device(global_step.device):
+      return tf.raw_ops.MutableHashTableV2(
+          shared_name='worker_progress', use_node_name_sharing=False,
+          key_dtype=tf.int64, value_dtype=tf.int64, name='worker_progress')
+  return _once('progress', build)
+
+
+def _lookup(table, keys, name=None):
+  """The table's values at keys (-1: none)."""
+  return tf.raw_ops.LookupTableFindV2(
+      table_handle=table, keys=keys,
+      default_value=tf.constant(-1, tf.int64), name=name)
+
+
+def _insert(table, keys, values):
+  return tf.raw_ops.LookupTableInsertV2(table_handle=table, keys=keys,
+                                        values=values)
+
+
+def mark_progress(global_step, worker):
+  """An op, run in each synchronous training step once its gradients are
+  applied (when the token dequeue may run): records the local step they
+  were for and counts the step, on the global step's ps."""
+  after = next(op for op in tf1.get_default_graph().get_operations()
+               if is_token_dequeue(op)).control_inputs
+  table = progress_table(global_step)
+  # The local step the accumulators took (their input 1): the same read,
+  # so that the packing sends it once.
+  applied = next((op.inputs[1] for op in after if op.type in (
+      'AccumulatorApplyGradient', 'ResourceAccumulatorApplyGradient')), None)
+  if applied is None:
+    applied = local_step().value()
+  with tf1.device(global_step.device):  # All on the ps but that read.
+    applied = tf.cast(tf.reshape(applied, [1]), tf.int64)
+    keys = tf.constant([_key(APPLIED, worker), _key(STEPS, worker)],
+                       tf.int64)
+    step_key = tf.constant([_key(STEPS, worker)], tf.int64)
+    with tf.control_dependencies(after):
+      steps = _lookup(table, step_key, name='progress_mark')
+    return _insert(table, keys, tf.concat([applied, tf.maximum(steps, 0) + 1],
+                                          0))
+
+
+def is_progress_mark(op):
+  """Whether op is the one of mark_progress() that waits for the applies."""
+  return op.type == 'LookupTableFindV2' and 'progress_mark' in op.name
+
+
+def aside_flag(global_step, worker):
+  """A tensor: 1 while the chief has set worker aside, else 0 or -1."""
+  def build():
+    with tf1.device(global_step.device):
+      return _lookup(progress_table(global_step), tf.constant(
+          [_key(ASIDE, worker)], tf.int64))[0]
+  return _once('aside_%d' % worker, build)
+
+
+def read_progress(global_step, num_workers):
+  """A tensor [KINDS, num_workers]: the table's values (-1: none yet)."""
+  def build():
+    keys = [_key(kind, i) for kind in range(KINDS)
+            for i in range(num_workers)]
+    with tf1.device(global_step.device):
+      return tf.reshape(_lookup(progress_table(global_step), tf.constant(
+          keys, tf.int64)), [KINDS, num_workers])
+  return _once('read_progress', build)
+
+
+def set_value(global_step, kind, worker):
+  """(a placeholder for the value, the op that writes it for worker)."""
+  def build():
+    value = tf1.placeholder(tf.int64, [])
+    with tf1.device(global_step.device):
+      write = _insert(progress_table(global_step), tf.constant(
+          [_key(kind, worker)], tf.int64), tf.reshape(value, [1]))
+    return value, write
+  return _once('set_%d_%d' % (kind, worker), build)
+
+
+def set_aside(global_step, worker):
+  """(a placeholder for 1 or 0, the op that marks worker set aside or taken
+  back, its trial time cleared)."""
+  def build():
+    value = tf1.placeholder(tf.int64, [])
+    with tf1.device(global_step.device):
+      write = _insert(progress_table(global_step), tf.constant(
+          [_key(ASIDE, worker), _key(TRIAL_MS, worker)], tf.int64),
+                      tf.stack([value, tf.constant(-1, tf.int64)]))
+    return value, write
+  return _once('aside_mark_%d' % worker, build)
+
+
+def give_back_own_token(global_step):
+  """An op: this worker, set aside, puts back the token it holds (the
+  global step its next gradient was for), so that another makes it."""
+  return _once('give_back', lambda: token_queue(global_step).enqueue(
+      local_step().read_value()))
+
+
+def take_token(global_step):
+  """An op: this worker, taken back, waits for a token and holds it."""
+  return _once('take', lambda: local_step().assign(
+      token_queue(global_step).dequeue()))
+
+
 def join_queues(num_workers):
   """A one-slot queue per worker on ps 0, filled once the worker joined.
 

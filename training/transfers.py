@@ -160,20 +160,25 @@ def send_packed(pieces, *, source, dest, cast=None):
 
 def _group_token_waits(graph):
   """A synchronous worker dequeues its token (on the global step's ps) after
-  every accumulator took its gradient: a control edge from each, a transfer
-  each from another ps. One group per ps is the same wait."""
-  for op in graph.get_operations():
-    if not sync_protocol.is_token_dequeue(op):
-      continue
+  every accumulator took its gradient, and marks its progress there: a
+  control edge from each, a transfer each from another ps. One group per ps
+  is the same wait, and both take it."""
+  waits = [op for op in graph.get_operations()
+           if sync_protocol.is_token_dequeue(op) or
+           sync_protocol.is_progress_mark(op)]
+  groups = {}  # {the deps' names: their groups}.
+  for op in waits:
     by_device = collections.OrderedDict()
     for dep in op.control_inputs:
       by_device.setdefault(dep.device, []).append(dep)
-    groups = []
-    for device, deps in by_device.items():
-      with tf1.device(device):
-        groups.append(tf.group(*deps, name='gradients_taken'))
+    key = tuple(sorted(dep.name for dep in op.control_inputs))
+    if key not in groups:
+      groups[key] = []
+      for device, deps in by_device.items():
+        with tf1.device(device):
+          groups[key].append(tf.group(*deps, name='gradients_taken'))
     # Private: Operation._remove_all_control_inputs / _add_control_inputs.
     # If they go, this raises AttributeError; --nopack_transfers runs
     # without.
     op._remove_all_control_inputs()  # pylint: disable=protected-access
-    op._add_control_inputs(groups)  # pylint: disable=protected-access
+    op._add_control_inputs(groups[key])  # pylint: disable=protected-access

@@ -6,15 +6,17 @@ presence.py, tracing.py), as the worker's role and the cluster call for.
 import tensorflow as tf
 
 from training import hooks as session_hooks
+from training import pace
 from training import presence
 from training import tracing
+from training import workers_watch
 
 tf1 = tf.compat.v1
 
 
 def in_order(*, graph, scaffold, train_dir, task, single_process,
                  max_steps, save_checkpoint_steps, save_summaries_steps,
-                 replicas, trace_steps):
+                 replicas, trace_steps, set_aside):
   """A worker's session hooks, in the order they must run.
 
   Args:
@@ -24,6 +26,7 @@ def in_order(*, graph, scaffold, train_dir, task, single_process,
     max_steps, save_checkpoint_steps, save_summaries_steps: The flags'.
     replicas: Gradients a synchronous update takes.
     trace_steps: The flag's, as numbers.
+    set_aside: --set_aside: the chief sets stragglers aside.
   """
   task_index = task.task_index
   is_chief = task_index == 0
@@ -45,12 +48,16 @@ def in_order(*, graph, scaffold, train_dir, task, single_process,
   if not single_process:
     hooks.append(presence.JoinedWorkersHook(task_index, task.worker_hosts,
                                             sync_replicas))
-    hooks.append(presence.LostWorkersHook(
-        worker_hosts=task.worker_hosts, global_step=graph.global_step,
-        replicas=sync_replicas)
-                 if is_chief else presence.ChiefWatchHook(
-                     task_index, task.worker_hosts[0], graph.global_step,
-                     max_steps))
+    hooks.append(presence.PsWatchHook(task_index, task.ps_hosts))
+    hooks.append(workers_watch.LostWorkersHook(
+        worker_hosts=task.worker_hosts, ps_hosts=task.ps_hosts,
+        global_step=graph.global_step, replicas=sync_replicas,
+        set_aside=set_aside) if is_chief else presence.ChiefWatchHook(
+            task_index, task.worker_hosts[0], graph.global_step, max_steps))
+    if sync_replicas and not is_chief:
+      hooks.append(pace.StandAsideHook(
+          task_index=task_index, global_step=graph.global_step,
+          gradients=graph.gradients, max_steps=max_steps))
   if graph.loss_scaling and is_chief:
     hooks.append(session_hooks.SkippedStepsHook(graph.loss_scaling.after))
   if trace_steps:

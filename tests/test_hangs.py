@@ -1,0 +1,173 @@
+"""A task that hangs or lags, in real processes on free ports: a worker
+stopped (SIGSTOP: its port still takes connections, nothing answers) is
+named and the others go on, and it trains again once continued; a worker
+three times slower than it can be is set aside and taken back once it keeps
+pace; a hung ps is named by each worker, and nothing else changes. Every
+stopped process is continued before any teardown; assertions on lines,
+global steps, checkpoints and exit codes, never on which worker wins."""
+
+import re
+import signal
+
+from helpers import PACED, checkpoint_step, cluster_flags, hosts
+from helpers import steps, wait_until
+
+LOST = ['--lost_worker_secs=3', '--wait_report_secs=2']
+
+# Run in worker 2 before the trainer: each of its steps, and each trial
+# step while set aside, takes three times as long as it would (a sleep of
+# twice its time), until the file %r exists: a straggler however fast the
+# machine, that recovers when the test says.
+STRAGGLER = """
+import os, time
+from training import pace, session
+step, trial = session.run_step, pace.StandAsideHook.trial_ms
+def slow(seconds):
+  if not os.path.exists(%r):
+    time.sleep(2 * seconds)
+def slow_step(*args):
+  start = time.time()
+  result = step(*args)
+  slow(time.time() - start)
+  return result
+def slow_trial(self, session):
+  start = time.time()
+  ms = trial(self, session)
+  took = time.time() - start
+  slow(took)
+  return ms * (time.time() - start) / took
+session.run_step = slow_step
+pace.StandAsideHook.trial_ms = slow_trial
+"""
+
+
+def start_sync_cluster(procs, flags, fault2=None, paced=True):
+  """1 ps and 3 synchronous workers; with paced, workers 0 and 1 take 20
+  steps a second at most, so that the run lasts however fast the
+  machine."""
+  procs.trainer('ps0', '--job_name=ps', '--task_index=0', *flags)
+  procs.trainer('worker2', '--job_name=worker', '--task_index=2', *flags,
+                fault=fault2)
+  for i in (1, 0):
+    procs.trainer('worker%d' % i, '--job_name=worker', '--task_index=%d' % i,
+                  *flags, fault=PACED if paced else None)
+
+
+def reached(procs, names=('worker0', 'worker1')):
+  """The highest global step the named workers printed (0: none yet)."""
+  return max(sum((steps(procs, n) for n in names), [0]))
+
+
+def test_a_hung_worker_is_named_and_trains_again_when_it_answers(
+    procs, tiny_data, tmp_path):
+  train_dir = str(tmp_path / 'train')
+  flags = cluster_flags(tiny_data, train_dir, num_workers=3) + [
+      '--max_steps=150'] + LOST
+  workers = hosts(flags, 'worker_hosts')
+  start_sync_cluster(procs, flags)
+  wait_until(lambda: len(steps(procs, 'worker2')) >= 2, 300,
+             'worker 2 training', procs)
+  worker2 = procs.procs['worker2']
+  worker2.send_signal(signal.SIGSTOP)
+  try:
+    line = 'Worker 0: lost worker 2 at %s (' % workers[2]
+    procs.wait_for_line('worker0', line, 120)
+    named = next(l for l in procs.log('worker0').splitlines()
+                 if l.startswith(line))
+    # Silent on its port, or stopped while the others waited on it.
+    assert re.fullmatch(
+        re.escape(line) + r'(takes connections but does not answer for 3 '
+        r's|no step for [3-9] s while the others waited on it; its port '
+        r'takes connections)\); the 2 left compute its share of each '
+        r'update of 3 gradients; start it again and it rejoins', named), named
+    # The others go on without it.
+    at_loss = reached(procs)
+    wait_until(lambda: reached(procs) >= at_loss + 10, 300,
+               'workers 0 and 1 training on without worker 2', procs)
+  finally:
+    worker2.send_signal(signal.SIGCONT)
+  procs.wait_for_line('worker0', 'Worker 0: worker 2 at %s is back; it '
+                      'trains again' % workers[2], 120)
+  assert procs.wait_all(timeout=300) == {
+      'ps0': 0, 'worker0': 0, 'worker1': 0, 'worker2': 0}, procs.tails()
+  assert checkpoint_step(train_dir) == 150
+
+
+def test_a_straggler_is_set_aside_and_taken_back(procs, tiny_data,
+                                                 tmp_path):
+  train_dir = str(tmp_path / 'train')
+  recovered = str(tmp_path / 'recovered')
+  flags = cluster_flags(tiny_data, train_dir, num_workers=3) + [
+      '--max_steps=100000'] + LOST
+  workers = hosts(flags, 'worker_hosts')
+  start_sync_cluster(procs, flags, fault2=STRAGGLER % recovered, paced=False)
+  aside = re.compile(
+      r'^Worker 0: worker 2 at %s lags: the updates waited for it alone '
+      r'(\d+)%% of the last 10 s \((\d+\.\d) steps a second against about '
+      r'(\d+\.\d) for the others\); set aside, the others make its share '
+      r'of each update of 3 gradients, and it is taken back once it keeps '
+      r'pace$' %
+      re.escape(workers[2]), re.M)
+  wait_until(lambda: aside.search(procs.log('worker0')), 300,
+             'the chief setting worker 2 aside', procs)
+  share, its, theirs = aside.search(procs.log('worker0')).groups()
+  assert int(share) >= 50 and float(its) < float(theirs)
+  # Once it has timed its first trial steps, slow.
+  wait_until(lambda: re.search(
+      r'^Worker 2: set aside by the chief \(a trial step takes \d+ ms '
+      r'here\); the others make its share of each update while it times '
+      r'one every 2 s$', procs.log('worker2'), re.M), 60,
+             'worker 2 standing aside', procs)
+  # Aside, it takes no token: the global step goes on without its steps.
+  mine = len(steps(procs, 'worker2'))
+  at = reached(procs)
+  wait_until(lambda: reached(procs) >= at + 20, 300,
+             'training on without worker 2', procs)
+  assert len(steps(procs, 'worker2')) == mine
+  open(recovered, 'w').close()
+  back = re.compile(r'^Worker 0: worker 2 at %s keeps pace again \(a trial '
+                    r'step in (\d+) ms, (\d+) ms when set aside\); taken '
+                    r'back$' % re.escape(workers[2]), re.M)
+  wait_until(lambda: back.search(procs.log('worker0')), 120,
+             'the chief taking worker 2 back', procs)
+  procs.wait_for_line('worker2', 'Worker 2: taken back by the chief; it '
+                      'trains again', 60)
+  wait_until(lambda: len(steps(procs, 'worker2')) >= mine + 2, 120,
+             'worker 2 training again', procs)
+  procs.procs['worker0'].send_signal(signal.SIGTERM)  # Saves, exits.
+  assert procs.procs['worker0'].wait(120) == 128 + signal.SIGTERM
+  assert 'Worker 0: SIGTERM: wrote ' in procs.log('worker0')
+  for name in ('worker1', 'worker2', 'ps0'):
+    procs.procs[name].send_signal(signal.SIGTERM)
+  procs.wait_all(timeout=120)
+
+
+def test_a_hung_ps_is_named_by_each_worker_and_nothing_else_changes(
+    procs, tiny_data, tmp_path):
+  train_dir = str(tmp_path / 'train')
+  flags = cluster_flags(tiny_data, train_dir, num_workers=2) + [
+      '--max_steps=80'] + LOST
+  ps = hosts(flags, 'ps_hosts')[0]
+  procs.trainer('ps0', '--job_name=ps', '--task_index=0', *flags)
+  for i in (1, 0):
+    procs.trainer('worker%d' % i, '--job_name=worker', '--task_index=%d' % i,
+                  *flags, fault=PACED)
+  wait_until(lambda: len(steps(procs, 'worker1')) >= 2, 300,
+             'the workers training', procs)
+  procs.procs['ps0'].send_signal(signal.SIGSTOP)
+  try:
+    for i in (0, 1):
+      procs.wait_for_line(
+          'worker%d' % i, 'Worker %d: ps 0 at %s takes connections but has '
+          'not answered for 3 s: check that machine (its load, memory, disk '
+          'and network); training waits for it' % (i, ps), 60)
+  finally:
+    procs.procs['ps0'].send_signal(signal.SIGCONT)
+  for i in (0, 1):
+    procs.wait_for_line('worker%d' % i,
+                        'Worker %d: ps 0 at %s answers again' % (i, ps), 60)
+  assert procs.wait_all(timeout=300) == {'ps0': 0, 'worker0': 0,
+                                         'worker1': 0}, procs.tails()
+  assert 'lost worker' not in procs.log('worker0')
+  assert 'lags' not in procs.log('worker0')
+  assert checkpoint_step(train_dir) == 80

@@ -1,0 +1,112 @@
+"""pace.PaceJudge on looks made by hand, against a clock the test sets: the
+expectations are worked by hand, and no test waits."""
+
+from training import pace
+
+
+class Clock:
+  """A clock that stands where the test puts it."""
+
+  def __init__(self):
+    self.now = 0.0
+
+  def __call__(self):
+    return self.now
+
+
+def table(applied, steps, trial_ms=(-1, -1, -1)):
+  """A progress table read: rows APPLIED, STEPS, ASIDE, TRIAL_MS."""
+  return [list(applied), list(steps), [0, 0, 0], list(trial_ms)]
+
+
+def straggling(judge, clock, looks, slow_in=(1, 2)):
+  """Feeds looks twice a second at global steps 100, 101, ...: in the looks
+  whose index % 3 is in slow_in, worker 2 alone has not given its gradient
+  for the global step; every worker steps once a look. Returns the
+  actions of each look."""
+  actions = []
+  for k in range(looks):
+    clock.now = k * 0.5
+    step = 100 + k
+    behind = k % 3 in slow_in
+    actions.append(judge.look(step, table(
+        [step, step, step - 1 if behind else step], [k, k, k]), {1, 2}))
+  return actions
+
+
+def test_a_worker_the_updates_wait_for_alone_is_set_aside():
+  clock = Clock()
+  judge = pace.PaceJudge(3, lost_secs=5, clock=clock)
+  actions = straggling(judge, clock, 52)
+  # Not judged in its first 20 s (its first steps are slow): from its first
+  # step seen (look 1, at 0.5 s) to look 41, at 20.5 s. Then worker 2 was
+  # behind alone in 14 of the window's 21 looks (k = 21..41, k % 3 in 1, 2);
+  # then judged afresh, aside.
+  assert actions[:41] == [[]] * 41
+  (what, worker, (its, theirs, share)), = actions[41]
+  assert (what, worker) == ('aside', 2)
+  assert share == 14 / 21
+  assert its == 20 / 10  # Its steps: 21 to 41 in 10 s.
+  assert abs(theirs - 6.0) < 1e-9  # Its rate / (1 - share).
+  assert actions[42:] == [[]] * 10
+  assert judge.aside == {2}
+
+
+def test_equal_workers_are_left_alone():
+  clock = Clock()
+  judge = pace.PaceJudge(3, lost_secs=5, clock=clock)
+  # Worker 2 last in a third of the looks, as any of three equal workers.
+  assert straggling(judge, clock, 60, slow_in=(0,)) == [[]] * 60
+  assert not judge.aside
+
+
+def test_one_that_makes_no_step_while_the_others_wait_is_hung():
+  clock = Clock()
+  judge = pace.PaceJudge(3, lost_secs=5, clock=clock)
+  actions = []
+  for k in range(14):
+    clock.now = k * 0.5
+    # Worker 2's last step at look 2 (1 s); from then on the update waits
+    # on it alone.
+    actions.append(judge.look(100 + min(k, 3), table(
+        [100 + min(k, 3)] * 2 + [100 + min(k, 2)], [k, k, min(k, 2)]),
+                              {1, 2}))
+  assert actions[:12] == [[]] * 12  # 4.5 s without a step: not yet.
+  assert actions[12] == [('hung', 2, 5.0)]
+  assert not judge.aside  # Stopped, not slow: never set aside.
+
+
+def test_a_chief_behind_alone_is_not_judged_here():
+  clock = Clock()
+  judge = pace.PaceJudge(3, lost_secs=5, clock=clock)
+  for k in range(60):  # The chief saving a checkpoint: behind, no step.
+    clock.now = k * 0.5
+    assert judge.look(100, table([99, 100, 100], [1, k, k]), {1, 2}) == []
+
+
+def test_one_set_aside_is_taken_back_once_its_trials_keep_pace():
+  clock = Clock()
+  judge = pace.PaceJudge(3, lost_secs=5, clock=clock)
+  straggling(judge, clock, 42)  # Aside at 20.5 s, share 2/3.
+  looks = []
+  for k, trial in enumerate([-1, 30, 25, 19, 18]):
+    clock.now = 21 + k
+    looks.append(judge.look(200 + k, table([200 + k] * 3, [30 + k] * 3,
+                                           [-1, -1, trial]), {1, 2}))
+  # The first trial time, 30 ms, is its pace aside; taken back at 0.6 of
+  # it (18 ms): at 18, not 19.
+  assert looks[:4] == [[]] * 4
+  assert looks[4] == [('back', 2, (18, 30))]
+  assert not judge.aside
+
+
+def test_one_set_aside_is_tried_again_after_a_while():
+  clock = Clock()
+  judge = pace.PaceJudge(3, lost_secs=5, clock=clock)
+  straggling(judge, clock, 42)  # Aside at 20.5 s.
+  clock.now = 20.5 + pace.PaceJudge.AGAIN_SECS - 0.5
+  assert judge.look(300, table([300] * 3, [50] * 3, [-1, -1, 30]),
+                    {1, 2}) == []
+  clock.now = 20.5 + pace.PaceJudge.AGAIN_SECS
+  assert judge.look(301, table([301] * 3, [51] * 3, [-1, -1, 30]),
+                    {1, 2}) == [('back', 2, (60,))]
