@@ -77,17 +77,20 @@ def test_a_hung_worker_is_named_and_trains_again_when_it_answers(
     # Silent on its port, or stopped while the others waited on it.
     assert re.fullmatch(
         re.escape(line) + r'(takes connections but does not answer for 3 '
-        r's|no step for [3-9] s while the others waited on it; its port '
+        r's|no step for \d+ s while the others waited on it; its port '
         r'takes connections)\); the 2 left compute its share of each '
         r'update of 3 gradients; start it again and it rejoins', named), named
     # The others go on without it.
     at_loss = reached(procs)
     wait_until(lambda: reached(procs) >= at_loss + 10, 300,
                'workers 0 and 1 training on without worker 2', procs)
+    before = len(steps(procs, 'worker2'))
   finally:
     worker2.send_signal(signal.SIGCONT)
   procs.wait_for_line('worker0', 'Worker 0: worker 2 at %s is back; it '
                       'trains again' % workers[2], 120)
+  wait_until(lambda: len(steps(procs, 'worker2')) > before, 300,
+             'worker 2 training again', procs)
   assert procs.wait_all(timeout=300) == {
       'ps0': 0, 'worker0': 0, 'worker1': 0, 'worker2': 0}, procs.tails()
   assert checkpoint_step(train_dir) == 150
@@ -110,8 +113,6 @@ def test_a_straggler_is_set_aside_and_taken_back(procs, tiny_data,
       re.escape(workers[2]), re.M)
   wait_until(lambda: aside.search(procs.log('worker0')), 300,
              'the chief setting worker 2 aside', procs)
-  share, its, theirs = aside.search(procs.log('worker0')).groups()
-  assert int(share) >= 50 and float(its) < float(theirs)
   # Once it has timed its first trial steps, slow.
   wait_until(lambda: re.search(
       r'^Worker 2: set aside by the chief \(a trial step takes \d+ ms '
@@ -140,6 +141,8 @@ def test_a_straggler_is_set_aside_and_taken_back(procs, tiny_data,
   for name in ('worker1', 'worker2', 'ps0'):
     procs.procs[name].send_signal(signal.SIGTERM)
   procs.wait_all(timeout=120)
+  # Nothing else said of it: neither lost nor hung.
+  assert 'lost worker 2' not in procs.log('worker0')
 
 
 def test_a_hung_ps_is_named_by_each_worker_and_nothing_else_changes(
@@ -170,4 +173,5 @@ def test_a_hung_ps_is_named_by_each_worker_and_nothing_else_changes(
                                          'worker1': 0}, procs.tails()
   assert 'lost worker' not in procs.log('worker0')
   assert 'lags' not in procs.log('worker0')
+  assert 'lost the chief' not in procs.log('worker1')
   assert checkpoint_step(train_dir) == 80

@@ -79,9 +79,12 @@ def test_one_that_makes_no_step_while_the_others_wait_is_hung():
 def test_a_chief_behind_alone_is_not_judged_here():
   clock = Clock()
   judge = pace.PaceJudge(3, lost_secs=5, clock=clock)
-  for k in range(60):  # The chief saving a checkpoint: behind, no step.
+  for k in range(80):  # The chief steps, then saves a checkpoint for 30 s.
     clock.now = k * 0.5
-    assert judge.look(100, table([99, 100, 100], [1, k, k]), {1, 2}) == []
+    chief = min(k, 20)
+    assert judge.look(100 + k, table([100 + chief - (k > 20), 100 + k,
+                                      100 + k], [chief, k, k]),
+                      {0, 1, 2}) == []
 
 
 def test_one_set_aside_is_taken_back_once_its_trials_keep_pace():
@@ -110,3 +113,25 @@ def test_one_set_aside_is_tried_again_after_a_while():
   clock.now = 20.5 + pace.PaceJudge.AGAIN_SECS
   assert judge.look(301, table([301] * 3, [51] * 3, [-1, -1, 30]),
                     {1, 2}) == [('back', 2, (60,))]
+
+
+def test_one_not_yet_stepped_is_never_hung():
+  clock = Clock()
+  judge = pace.PaceJudge(3, lost_secs=5, clock=clock)
+  for k in range(40):  # Worker 2 in its first step (slow) for 20 s.
+    clock.now = k * 0.5
+    assert judge.look(100 + k, table([100 + k, 100 + k, -1], [k, k, -1]),
+                      {1, 2}) == []
+
+
+def test_one_back_from_a_loss_is_judged_afresh():
+  clock = Clock()
+  judge = pace.PaceJudge(3, lost_secs=5, clock=clock)
+  for k in range(4):  # Worker 2 steps, then is lost and restarted.
+    clock.now = k * 0.5
+    judge.look(100 + k, table([100 + k] * 3, [k] * 3), {1, 2})
+  judge.forget(2)
+  for k in range(4, 30):  # Its first step after the restart is slow.
+    clock.now = k * 0.5
+    assert judge.look(100 + k, table([100 + k, 100 + k, 103],
+                                     [k, k, 3]), {1, 2}) == []

@@ -181,6 +181,10 @@ class BoundedRead:
     self._pending.join(self._secs)
     return result[0] if result else None
 
+  def pending(self):
+    """Whether the last read still waits for its answer."""
+    return self._pending is not None and self._pending.is_alive()
+
 
 class Cadence:
   """When to say a wait: after REPORT_SECS (--wait_report_secs), then every

@@ -33,6 +33,7 @@ class PaceJudge:
   """What the chief concludes from its looks at the progress table."""
 
   WINDOW_SECS = 10
+  GAP_SECS = 3  # Looks further apart than this: the clocks start over.
   MIN_LOOKS = 10  # In the window, before a worker is judged a straggler.
   BEHIND_SHARE = 0.5
   BACK_SHARE = 0.6
@@ -67,6 +68,13 @@ class PaceJudge:
     now = self._clock()
     applied, steps = progress[sync_protocol.APPLIED], progress[
         sync_protocol.STEPS]
+    if self._looks and now - self._looks[-1][0] > self.GAP_SECS:
+      # No look for a while (a ps that did not answer): no one is judged
+      # on that time.
+      self._looks.clear()
+      self._stepped = {i: (s, now if t is not None else None)
+                       for i, (s, t) in self._stepped.items()}
+    previous = self._looks[-1][3] if self._looks else None
     for i in range(self._n):
       if i not in self._stepped:
         self._stepped[i] = (steps[i], None)  # Not judged before a step.
@@ -80,7 +88,11 @@ class PaceJudge:
     behind = [i for i in training if applied[i] < global_step]
     alone = (behind[0] if len(behind) == 1 and len(training) > 1 and
              behind[0] != 0 else None)
-    self._looks.append((now, global_step, alone, list(steps)))
+    # Behind a look in which it made a step: a straggler's pace, not a
+    # pause (a pause of lost_secs is a hang).
+    lagging = (alone if alone is not None and previous is not None and
+               steps[alone] != previous[alone] else None)
+    self._looks.append((now, global_step, lagging, list(steps)))
     while self._looks[0][0] < now - self.WINDOW_SECS:
       self._looks.popleft()
     actions = []
@@ -120,9 +132,11 @@ class PaceJudge:
     return [('aside', worker, (rate, rate * slowness, share))]
 
   def forget(self, worker):
-    """Judges worker afresh: it was lost and is back (restarted)."""
+    """Judges worker afresh from its next step: it was lost and is back
+    (restarted), or taken back; no longer aside."""
     self._stepped.pop(worker, None)
     self._first.pop(worker, None)
+    self.aside.discard(worker)
 
   def _rates(self, looks):
     """{worker: steps a second} over looks."""
@@ -146,7 +160,7 @@ class PaceJudge:
       if kept_pace or now - state['since'] >= self._again_secs[i]:
         self.aside.discard(i)
         self._looks.clear()
-        self._stepped[i] = (progress[sync_protocol.STEPS][i], now)
+        self.forget(i)  # Judged again from its next step, after its warmup.
         self._again_secs[i] *= 2
         actions.append(('back', i, (trial_ms, state['first_ms'])
                         if kept_pace else (round(now - state['since']),)))
@@ -204,7 +218,11 @@ class StandAsideHook(tf1.train.SessionRunHook):
     if not self._aside.is_set():
       return
     session = run_context.session
-    session.run(self._give_back)
+    try:
+      session.run(self._give_back)
+    except (tf.errors.OutOfRangeError, tf.errors.CancelledError):
+      run_context.request_stop()  # The chief closed the tokens: the end.
+      return
     trials = collections.deque([self.trial_ms(session) for _ in range(3)],
                                maxlen=3)
     self._post_median(session, trials)

@@ -55,13 +55,19 @@ class LostWorkersHook(tf1.train.SessionRunHook):
       self._marks = [sync_protocol.set_aside(global_step, i)
                      for i in range(len(worker_hosts))]
     self._session = None
+    self._pace = pace.PaceJudge(len(worker_hosts), liveness.LOST_SECS)
+    # One read at a time each, so that none piles up on a hung ps.
+    self._read, self._joins, self._refills = (
+        liveness.BoundedRead(), liveness.BoundedRead(),
+        liveness.BoundedRead())
 
   def after_create_session(self, session, coord):
     first = self._session is None
     self._session = session  # A new one after a lost ps.
-    if self._set_aside:  # A restarted chief judges afresh.
+    if self._replicas:  # A new session judges afresh: no one is aside.
       for i in range(1, len(self._hosts)):
         self._mark(i, 0)
+        self._pace.forget(i)
     if first:
       threading.Thread(target=self._watch, daemon=True,
                        name='lost_workers').start()
@@ -72,11 +78,11 @@ class LostWorkersHook(tf1.train.SessionRunHook):
 
   def _watch(self):
     workers = liveness.Tracker(self._hosts)
-    judge = pace.PaceJudge(len(self._hosts), workers.lost_secs)
+    judge = self._pace
     others = range(1, len(self._hosts))  # The chief is 0.
     seen, lost, hung = set(), set(), {}  # hung: {worker: its steps then}.
     owed, stalled = set(), []  # The lost whose token is not back yet.
-    read = liveness.BoundedRead()
+    read = self._read
     while True:
       down = workers.probe(others, answers=True)
       for i in others:
@@ -87,7 +93,8 @@ class LostWorkersHook(tf1.train.SessionRunHook):
             judge.forget(i)  # Restarted: its first steps are slow.
         elif i in seen and i not in lost and workers.lost(i):
           self._lose(i, lost, owed, '%s for %d s' % (down[i],
-                                                     workers.lost_secs))
+                                                     workers.lost_secs),
+                     len(seen))
       if len(seen) < len(self._hosts) - 1:
         seen = self._watched(seen)
       values = read(self._session, self._reads) if self._reads else None
@@ -95,6 +102,8 @@ class LostWorkersHook(tf1.train.SessionRunHook):
         self._judge(judge, values, seen - lost, lost, owed, hung)
       if owed and self._give_back_token(values, stalled):
         owed.pop()
+      elif not owed:
+        stalled.clear()
       time.sleep(self.POLL_SECS)
 
   def _judge(self, judge, values, active, lost, owed, hung):
@@ -108,7 +117,8 @@ class LostWorkersHook(tf1.train.SessionRunHook):
       if what == 'hung' and i not in lost:
         hung[i] = progress[sync_protocol.STEPS][i]
         self._lose(i, lost, owed, 'no step for %d s while the others waited '
-                   'on it; its port takes connections' % figures)
+                   'on it; its port takes connections' % figures,
+                   len(active - {0}))
       elif what == 'aside' and self._set_aside:
         self._mark(i, 1)
         print('Worker 0: worker %d at %s lags: the updates waited for it '
@@ -133,11 +143,14 @@ class LostWorkersHook(tf1.train.SessionRunHook):
     is judged (a hung ps is not N hung workers)."""
     return any(liveness.silent(host, 1.0) for host in self._ps_hosts)
 
-  def _lose(self, i, lost, owed, why):
+  def _lose(self, i, lost, owed, why, num_seen):
     lost.add(i)
-    if self._replicas:
+    if i in self._pace.aside:  # It gave its token back when set aside.
+      self._pace.forget(i)
+      self._mark(i, 0)
+    elif self._replicas:
       owed.add(i)
-    print(self._lost_line(i, why, len(lost)), flush=True)
+    print(self._lost_line(i, why, 1 + num_seen - len(lost)), flush=True)
 
   def _back(self, i, lost, owed):
     lost.discard(i)
@@ -147,13 +160,13 @@ class LostWorkersHook(tf1.train.SessionRunHook):
 
   def _watched(self, seen):
     """The workers known to have run: joined, or seen on their port."""
-    sizes = liveness.BoundedRead()(self._session, self._joined)
+    sizes = self._joins(self._session, self._joined)
     if sizes is None:
       return seen  # A ps lost: said on its own.
     return seen | {i for i, size in enumerate(sizes) if size and i}
 
-  def _lost_line(self, i, why, num_lost):
-    left = len(self._hosts) - num_lost
+  def _lost_line(self, i, why, left):
+    """Args: left: the workers left, the chief included."""
     if not self._replicas:
       share = 'the %d left train on' % left
     elif left >= self._replicas:  # It was a backup: nothing to make up.
@@ -180,4 +193,6 @@ class LostWorkersHook(tf1.train.SessionRunHook):
     if len(stalled) < self.STALLED_LOOKS:
       return False
     stalled.clear()
-    return liveness.BoundedRead()(self._session, self._refill) is not None
+    # Pending counts as done: the enqueue lands when the ps answers.
+    return (self._refills(self._session, self._refill) is not None or
+            self._refills.pending())
