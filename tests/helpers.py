@@ -544,4 +544,6 @@ def worker_graph(num_ps, sync, task_index=0, packed=True, loss_scale=None):
                                           100, 100, 0.1),
           sync=(2, 2) if sync else None, loss_scale=loss_scale,
           pack_transfers=packed and bool(num_ps))
+  if built.sync_opt:  # Not run here: no "Object was never used" at exit.
+    built.sync_opt.ready_for_local_init_op.mark_used()
   return graph, built

@@ -74,7 +74,7 @@ def test_a_job_of_1_then_2_then_1_worker_against_one_of_2(tiny_data,
   work = str(tmp_path / 'work')
   code, out = run_script(
       '--data_dir=' + tiny_data, '--work_dir=' + work, '--workers=1,2,1',
-      '--change_steps=15,30', '--max_steps=200', '--batch_size=16',
+      '--change_steps=15,30', '--max_steps=120', '--batch_size=16',
       '--step_ms=10', '--compare_fixed', '--',
       '--lost_worker_secs=2', '--num_preprocess_threads=2',
       paced_dir=str(tmp_path / 'paced'))
@@ -104,7 +104,7 @@ def test_a_job_of_1_then_2_then_1_worker_against_one_of_2(tiny_data,
         (end - start) * 32 / (times[end] - times[start]), 1), p
   # The joiner trained before it was killed; the chief named it lost once
   # its port had refused for 2 s (the paced chief alone takes 0.1 s a global
-  # step: the rest of the 200 outlasts that).
+  # step: the rest of the 120 outlasts that).
   with open(os.path.join(run_dir, 'worker1.log')) as f:
     assert PROGRESS.search(f.read())
   lost, = elastic['lost_lines']
@@ -115,7 +115,7 @@ def test_a_job_of_1_then_2_then_1_worker_against_one_of_2(tiny_data,
   # The accuracy is the evaluator's line, on the last checkpoint.
   for kind, record in (('elastic', elastic), ('fixed', fixed)):
     with open(os.path.join(work, kind + '_seed0', 'evaluator0.log')) as f:
-      line = re.search(r': step 200, loss = \S+ ,Test accuracy = (\S+) ',
+      line = re.search(r': step 120, loss = \S+ ,Test accuracy = (\S+) ',
                        f.read())
     assert line and '%.4f' % record['accuracy'] == line.group(1), kind
     assert ('%s: test accuracy median %.4f' % (kind, record['accuracy'])

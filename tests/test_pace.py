@@ -76,6 +76,23 @@ def test_one_that_makes_no_step_while_the_others_wait_is_hung():
   assert not judge.aside  # Stopped, not slow: never set aside.
 
 
+def test_a_hang_counts_from_when_its_port_answers_again():
+  clock = Clock()
+  judge = pace.PaceJudge(3, lost_secs=5, clock=clock)
+  actions = []
+  for k in range(20):
+    clock.now = k * 0.5
+    if k in (3, 4, 5, 6):  # Its port did not answer at 1.5 s to 3 s.
+      judge.away(2)
+    actions.append(judge.look(100 + min(k, 3), table(
+        [100 + min(k, 3)] * 2 + [100 + min(k, 2)], [k, k, min(k, 2)]),
+                              {1} if k in (3, 4, 5, 6) else {1, 2}))
+  # Its last step at 1 s; counted from 3 s, the last look it was away: 5 s
+  # without a step at 8 s (look 16), not at 6 s (look 12).
+  assert actions[:16] == [[]] * 16
+  assert actions[16] == [('hung', 2, 5.0)]
+
+
 def test_a_chief_behind_alone_is_not_judged_here():
   clock = Clock()
   judge = pace.PaceJudge(3, lost_secs=5, clock=clock)

@@ -131,6 +131,13 @@ class PaceJudge:
     self._looks.clear()  # The pace changes: judge it afresh.
     return [('aside', worker, (rate, rate * slowness, share))]
 
+  def away(self, worker):
+    """Worker's port does not answer now (liveness.Tracker's to judge): its
+    time without a step counts again from when it answers, so that a hang
+    is a pause with its port answering all along."""
+    if self._stepped.get(worker, (None, None))[1] is not None:
+      self._stepped[worker] = (self._stepped[worker][0], self._clock())
+
   def forget(self, worker):
     """Judges worker afresh from its next step: it was lost and is back
     (restarted), or taken back; no longer aside."""

@@ -114,11 +114,11 @@ def progress_table(global_step):
   return _once('progress', build)
 
 
-def _lookup(table, keys, name=None):
-  """The table's values at keys (-1: none)."""
+def _lookup(table, keys, name=None, default=None):
+  """The table's values at keys (-1, or default: none)."""
   return tf.raw_ops.LookupTableFindV2(
-      table_handle=table, keys=keys,
-      default_value=tf.constant(-1, tf.int64), name=name)
+      table_handle=table, keys=keys, name=name,
+      default_value=tf.constant(-1, tf.int64) if default is None else default)
 
 
 def _insert(table, keys, values):
@@ -144,8 +144,9 @@ def mark_progress(global_step, worker):
     keys = tf.constant([_key(APPLIED, worker), _key(STEPS, worker)],
                        tf.int64)
     step_key = tf.constant([_key(STEPS, worker)], tf.int64)
+    none = tf.constant(-1, tf.int64)  # Made here: in the scope, it would wait.
     with tf.control_dependencies(after):
-      steps = _lookup(table, step_key, name='progress_mark')
+      steps = _lookup(table, step_key, name='progress_mark', default=none)
     return _insert(table, keys, tf.concat([applied, tf.maximum(steps, 0) + 1],
                                           0))
 

@@ -86,20 +86,22 @@ class LostWorkersHook(tf1.train.SessionRunHook):
     while True:
       down = workers.probe(others, answers=True)
       for i in others:
-        if i not in down:
+        if i in down:
+          judge.away(i)  # Not there: the tracker's to judge, not a hang.
+          if i in seen and i not in lost and workers.lost(i):
+            self._lose(i, lost, owed, '%s for %d s' % (down[i],
+                                                       workers.lost_secs),
+                       len(seen))
+        else:
           seen.add(i)
           if i in lost and i not in hung:
             self._back(i, lost, owed)
             judge.forget(i)  # Restarted: its first steps are slow.
-        elif i in seen and i not in lost and workers.lost(i):
-          self._lose(i, lost, owed, '%s for %d s' % (down[i],
-                                                     workers.lost_secs),
-                     len(seen))
       if len(seen) < len(self._hosts) - 1:
         seen = self._watched(seen)
       values = read(self._session, self._reads) if self._reads else None
       if values and not self._ps_silent():
-        self._judge(judge, values, seen - lost, lost, owed, hung)
+        self._judge(judge, values, seen - lost - set(down), lost, owed, hung)
       if owed and self._give_back_token(values, stalled):
         owed.pop()
       elif not owed:
