@@ -60,17 +60,26 @@ def test_equal_workers_are_left_alone():
   assert not judge.aside
 
 
+def stopping(judge, clock, looks, away=()):
+  """Feeds looks twice a second: worker 2's last step at look 2 (1 s); from
+  then on the update waits on it alone. At the looks in away its port does
+  not answer (judge.away, and it is not judged). Returns each look's
+  actions."""
+  actions = []
+  for k in range(looks):
+    clock.now = k * 0.5
+    if k in away:
+      judge.away(2)
+    actions.append(judge.look(100 + min(k, 3), table(
+        [100 + min(k, 3)] * 2 + [100 + min(k, 2)], [k, k, min(k, 2)]),
+                              {1} if k in away else {1, 2}))
+  return actions
+
+
 def test_one_that_makes_no_step_while_the_others_wait_is_hung():
   clock = Clock()
   judge = pace.PaceJudge(3, lost_secs=5, clock=clock)
-  actions = []
-  for k in range(14):
-    clock.now = k * 0.5
-    # Worker 2's last step at look 2 (1 s); from then on the update waits
-    # on it alone.
-    actions.append(judge.look(100 + min(k, 3), table(
-        [100 + min(k, 3)] * 2 + [100 + min(k, 2)], [k, k, min(k, 2)]),
-                              {1, 2}))
+  actions = stopping(judge, clock, 14)
   assert actions[:12] == [[]] * 12  # 4.5 s without a step: not yet.
   assert actions[12] == [('hung', 2, 5.0)]
   assert not judge.aside  # Stopped, not slow: never set aside.
@@ -79,14 +88,8 @@ def test_one_that_makes_no_step_while_the_others_wait_is_hung():
 def test_a_hang_counts_from_when_its_port_answers_again():
   clock = Clock()
   judge = pace.PaceJudge(3, lost_secs=5, clock=clock)
-  actions = []
-  for k in range(20):
-    clock.now = k * 0.5
-    if k in (3, 4, 5, 6):  # Its port did not answer at 1.5 s to 3 s.
-      judge.away(2)
-    actions.append(judge.look(100 + min(k, 3), table(
-        [100 + min(k, 3)] * 2 + [100 + min(k, 2)], [k, k, min(k, 2)]),
-                              {1} if k in (3, 4, 5, 6) else {1, 2}))
+  # Its port did not answer at 1.5 s to 3 s (looks 3 to 6).
+  actions = stopping(judge, clock, 20, away=(3, 4, 5, 6))
   # Its last step at 1 s; counted from 3 s, the last look it was away: 5 s
   # without a step at 8 s (look 16), not at 6 s (look 12).
   assert actions[:16] == [[]] * 16
