@@ -1,8 +1,9 @@
 """pytest's fixtures: tiny datasets on disk, processes killed by PID, the
-trainer's flags, the fork server stopped and each test's environment
-restored. What the tests share besides is in helpers.py (importing it
+trainer's flags, the fork server stopped, each test's environment restored,
+and two tests at a time (pytest-xdist) but for those marked alone. What the tests share besides is in helpers.py (importing it
 sets up the suite's environment: see helpers.from_caller)."""
 
+import fcntl
 import os
 
 import pytest
@@ -18,6 +19,42 @@ def pytest_report_header():
             ' '.join('%s=%r' % kv for kv in sorted(
                 helpers.DROPPED_FROM_CALLER.items()))]
   return []
+
+
+def pytest_sessionstart(session):
+  """Drops what TensorFlow's C++ wrote as this file imported helpers: under
+  pytest-xdist the controller runs no test whose capture takes it, and
+  pytest would write it out at the end (its capture manager, a plugin)."""
+  capture = session.config.pluginmanager.getplugin('capturemanager')
+  if capture:  # (None with -p no:capture.)
+    capture.read_global_capture()
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+      'markers', 'alone: runs while no other test does (it measures CPU '
+      'time); under the README\'s -n 2 the other worker waits for it')
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+  """Under pytest-xdist, a test marked alone runs while no other test does;
+  the others run side by side. A readers-writer lock on files the run's
+  workers share, held through the test's setup and teardown, module
+  fixtures included: every test passes a gate on its way in, which an
+  alone test holds while it waits, so the other worker cannot start test
+  after test ahead of it."""
+  if 'PYTEST_XDIST_WORKER' not in os.environ:  # One test at a time anyway.
+    return (yield)
+  # xdist gives each worker a --basetemp inside the run's own folder.
+  shared = os.path.dirname(item.config.getoption('basetemp'))
+  alone = item.get_closest_marker('alone') is not None
+  with open(os.path.join(shared, 'gate.lock'), 'a') as gate, \
+       open(os.path.join(shared, 'tests.lock'), 'a') as tests:
+    fcntl.flock(gate, fcntl.LOCK_EX)
+    fcntl.flock(tests, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+    fcntl.flock(gate, fcntl.LOCK_UN)
+    return (yield)  # Closing the files lets the lock go.
 
 
 @pytest.fixture(scope='session')

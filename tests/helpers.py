@@ -12,6 +12,7 @@ the caller's shell exported that could change a result are removed (see
 from_caller), and the checkout, its scripts/ and its tools/ go on sys.path.
 """
 
+import contextlib
 import glob
 import json
 import os
@@ -92,6 +93,21 @@ def free_ports(n):
   """Returns n distinct TCP ports, free now, that no other connection takes
   before the tasks bind them (see training/ports.py)."""
   return ports.free_ports(n)
+
+
+def worker_port_range(worker, count):
+  """pytest-xdist's worker 'gwK' of count: its share of ports.port_range(),
+  as FREE_PORT_RANGE gives it, so that tests run side by side never pick
+  the same free port (a slot listed but not started stays free a while)."""
+  low, high = ports.port_range()
+  k, width = int(worker[2:]), (high - low) // count
+  return '%d-%d' % (low + k * width, low + (k + 1) * width)
+
+
+if 'PYTEST_XDIST_WORKER' in os.environ:  # For the scripts and tools too.
+  os.environ['FREE_PORT_RANGE'] = worker_port_range(
+      os.environ['PYTEST_XDIST_WORKER'],
+      int(os.environ['PYTEST_XDIST_WORKER_COUNT']))
 
 
 def suite_env(env=None):
@@ -376,6 +392,18 @@ session.run_step = paced
 """
 
 
+@contextlib.contextmanager
+def paused(procs, name):
+  """Stops task `name` (SIGSTOP: its port still takes connections) for the
+  with block, and continues it (SIGCONT) however the block ends: left
+  stopped, the tasks that wait on it would wait until killed."""
+  procs.procs[name].send_signal(signal.SIGSTOP)
+  try:
+    yield
+  finally:
+    procs.procs[name].send_signal(signal.SIGCONT)
+
+
 def kill9(procs, name):
   """Kills the task `name` with SIGKILL and reaps it."""
   procs.procs[name].kill()
@@ -410,20 +438,23 @@ def single_process_flags(data_dir, train_dir):
 
 
 def start_cluster(procs, flags, num_workers=2, num_ps=1, suffix='',
-                  tf_config=False):
+                  tf_config=False, faults=None):
   """Starts the ps tasks, then the workers from the last to the chief.
 
   The reference's order (ps, worker 1, worker 0). Process names are ps0..,
   worker0.., each with `suffix` appended. With tf_config, each task gets its
   cluster and role from TF_CONFIG as Kubeflow writes it (a "chief" job, the
-  other workers indexed from 0) instead of the four cluster flags.
+  other workers indexed from 0) instead of the four cluster flags. faults:
+  {process name: code run before the trainer} (Processes.start), as PACED.
   """
+  faults = faults or {}
   tasks = [('ps', i) for i in range(num_ps)] + [
       ('worker', i) for i in reversed(range(num_workers))]
   for job, i in tasks:
     name = '%s%d%s' % (job, i, suffix)
     if not tf_config:
-      procs.trainer(name, '--job_name=' + job, '--task_index=%d' % i, *flags)
+      procs.trainer(name, '--job_name=' + job, '--task_index=%d' % i, *flags,
+                    fault=faults.get(name))
       continue
     hosts = {f.split('=')[0]: f.split('=')[1].split(',') for f in flags[:2]}
     workers = hosts['--worker_hosts']
@@ -432,7 +463,7 @@ def start_cluster(procs, flags, num_workers=2, num_ps=1, suffix='',
     task = ({'type': 'chief', 'index': 0} if job == 'worker' and i == 0 else
             {'type': job, 'index': i - (job == 'worker')})
     procs.trainer(name, *flags[2:], env={'TF_CONFIG': json.dumps(
-        {'cluster': cluster, 'task': task})})
+        {'cluster': cluster, 'task': task})}, fault=faults.get(name))
 
 
 # Checkpoints.

@@ -29,6 +29,7 @@ SYNC_ROW = '1 ps + 2 workers, sync'
 RUNS = {'single process', SYNC_ROW, PEER_ROW}
 
 
+@pytest.mark.alone  # Its processes' CPU per image, in cores used.
 def test_benchmark_quick_run(tmp_path):
   out = tmp_path / 'bench.json'
   perf = cpu_profile.unavailable() is None  # As root, with perf: --perf.

@@ -96,6 +96,7 @@ def cpu_secs(pid):
 
 @pytest.mark.skipif(MISSING is not None, reason='perf cannot record every '
                     'CPU here: %s' % MISSING)
+@pytest.mark.alone  # A busy process's CPU, which another test would share.
 def test_a_recording_gives_a_busy_process_the_cpu_proc_counts(tmp_path):
   recorder = cpu_profile.Recorder(str(tmp_path / 'rec.perf'))
   busy = None

@@ -10,6 +10,7 @@ import glob
 import json
 import os
 import subprocess
+import time
 
 import pytest
 import tensorflow as tf
@@ -37,11 +38,20 @@ def small_disk(tmp_path):
     if how == 'read-only':
       # A read-only mount of train_dir over itself: the tmpfs itself cannot
       # be remounted read-only while the chief has files open on it.
-      for options in (['--bind'], ['-o', 'remount,bind,ro']):
-        subprocess.run(['mount'] + options + [train_dir, train_dir],
-                       check=True)
+      subprocess.run(['mount', '--bind', train_dir, train_dir], check=True)
       mounts.append(train_dir)
-      return
+      # Nor the new mount while a save has a file open through it ("mount
+      # point is busy"): tried again until a moment between two saves.
+      for _ in range(200):
+        remount = subprocess.run(['mount', '-o', 'remount,bind,ro',
+                                  train_dir, train_dir],
+                                 capture_output=True, text=True)
+        if remount.returncode == 0:
+          return
+        if 'busy' not in remount.stderr:
+          break
+        time.sleep(0.05)
+      raise AssertionError(remount.stderr)
     with open(os.path.join(mount_point, 'filler'), 'wb', buffering=0) as f:
       try:
         while True:

@@ -127,8 +127,8 @@ FIGURES = [
         ZH: [r'3 次：(0\.\d+-0\.\d+)'],
         'docs/data.md': [r'3 runs: (0\.\d+-0\.\d+)']}),
     ('the test suite', r'about (\d+) minutes', {
-        'README.md': [r'Run the tests \(about (\d+) minutes'],
-        ZH: [r'AMD EPYC 上约 (\d+) 分钟'],
+        'README.md': [r'Run the tests, two at a time \(about (\d+) minutes'],
+        ZH: [r'Intel Xeon 上约 (\d+) 分钟'],
         'docs/tests.md': [r'It takes about (\d+) minutes',
                           r'About (\d+) minutes on a 2-core']}),
     ('disk', r'CIFAR-10 (\d+) MB to download', {

@@ -10,7 +10,8 @@ import signal
 import pytest
 
 from helpers import assert_clean_logs, checkpoint_step, cluster_flags
-from helpers import PACED, hosts, kill9, steps, wait_until
+from helpers import PACED, hosts, kill9, paused, start_cluster, steps
+from helpers import wait_until
 
 LOST = ['--lost_worker_secs=3', '--wait_report_secs=2']
 
@@ -134,10 +135,8 @@ def test_workers_join_a_running_job_in_listed_slots(procs, tiny_data,
   train_dir = str(tmp_path / 'train')
   flags = cluster_flags(tiny_data, train_dir, num_workers=4) + [
       '--max_steps=300'] + LOST + ([] if sync else ['--nosync_replicas'])
-  procs.trainer('ps0', '--job_name=ps', '--task_index=0', *flags)
-  for i in (1, 0):
-    procs.trainer('worker%d' % i, '--job_name=worker', '--task_index=%d' % i,
-                  *flags, fault=PACED if sync else None)
+  start_cluster(procs, flags, num_workers=2,
+                faults={'worker0': PACED, 'worker1': PACED} if sync else None)
   wait_until(lambda: len(steps(procs, 'worker0')) >= 2, 300,
              'the first two workers training', procs)
   procs.procs['ps0'].send_signal(signal.SIGSTOP)
@@ -181,13 +180,10 @@ def test_a_lost_worker_started_again_rejoins(procs, tiny_data, tmp_path):
       '--max_steps=300'] + LOST
   workers = hosts(flags, 'worker_hosts')
   lose_worker_2(procs, flags, 1)
-  procs.procs['ps0'].send_signal(signal.SIGSTOP)
-  try:
+  with paused(procs, 'ps0'):
     procs.trainer('worker2', '--job_name=worker', '--task_index=2', *flags)
     procs.wait_for_line('worker2', 'Worker 2: Waiting for session to be '
                         'initialized...', 300)
-  finally:
-    procs.procs['ps0'].send_signal(signal.SIGCONT)
   procs.wait_for_line('worker0', 'Worker 0: worker 2 at %s is back; it '
                       'trains again' % workers[2], 300)
   assert procs.wait_all(timeout=600) == {

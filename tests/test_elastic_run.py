@@ -17,14 +17,21 @@ PROGRESS = progress.PATTERN
 
 
 # A sitecustomize for the script's tasks: each worker takes at most 20 steps
-# a second, so a joiner (a Python starting afresh) trains before the job
-# reaches --max_steps, and the job lasts past the chief's lost-worker line,
-# however fast the machine.
+# a second, so that the job lasts past the chief's lost-worker line however
+# fast the machine; and while the joiner (a Python starting afresh, its
+# index given) has started but not come to its first step, the others wait,
+# so that the job cannot reach --max_steps before it trains however slow its
+# start (nothing of theirs waits on them meanwhile).
 PACED = r"""
-import sys
+import os, sys
 if (sys.argv and sys.argv[0].endswith('train_distributed.py') and
     '--job_name=worker' in sys.argv):
   import importlib.abc, importlib.machinery, time
+  here = os.path.dirname(__file__)
+  starting, joined = (os.path.join(here, n) for n in ('starting', 'joined'))
+  joiner = '--task_index=%(joiner)d' in sys.argv
+  if joiner:
+    open(starting, 'w').close()
 
   class Paced(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
@@ -37,6 +44,10 @@ if (sys.argv and sys.argv[0].endswith('train_distributed.py') and
         load(module)
         step, last = module.run_step, [0.0]
         def paced(*args):
+          if joiner:
+            open(joined, 'w').close()
+          while os.path.exists(starting) and not os.path.exists(joined):
+            time.sleep(0.05)
           time.sleep(max(0.0, last[0] + 0.05 - time.time()))
           last[0] = time.time()
           return step(*args)
@@ -48,14 +59,15 @@ if (sys.argv and sys.argv[0].endswith('train_distributed.py') and
 """
 
 
-def run_script(*args, paced_dir=None):
+def run_script(*args, paced_dir=None, joiner=None):
   """Runs the script (its workers paced if paced_dir is given: a folder for
-  the sitecustomize); returns (exit status, output)."""
+  the sitecustomize, whose worker `joiner` joins the job); returns (exit
+  status, output)."""
   env = suite_env()
   if paced_dir:
     os.makedirs(paced_dir)
     with open(os.path.join(paced_dir, 'sitecustomize.py'), 'w') as f:
-      f.write(PACED)
+      f.write(PACED % {'joiner': joiner})
     env['PYTHONPATH'] = os.pathsep.join(
         [paced_dir] + [p for p in [env.get('PYTHONPATH')] if p])
   return run_in_group([sys.executable, SCRIPT] + list(args), timeout=600,
@@ -77,7 +89,7 @@ def test_a_job_of_1_then_2_then_1_worker_against_one_of_2(tiny_data,
       '--change_steps=15,30', '--max_steps=120', '--batch_size=16',
       '--step_ms=10', '--compare_fixed', '--',
       '--lost_worker_secs=2', '--num_preprocess_threads=2',
-      paced_dir=str(tmp_path / 'paced'))
+      paced_dir=str(tmp_path / 'paced'), joiner=1)
   assert code == 0, out
   with open(os.path.join(work, 'elastic.json')) as f:
     result = json.load(f)
@@ -134,7 +146,8 @@ def test_an_async_job_over_2_ps_of_2_then_3_then_2_workers(tiny_data,
       '--data_dir=' + tiny_data, '--work_dir=' + work, '--num_ps=2',
       '--workers=2,3,2', '--change_steps=20,40', '--max_steps=300',
       '--batch_size=16', '--', '--nosync_replicas', '--lost_worker_secs=2',
-      '--num_preprocess_threads=2', paced_dir=str(tmp_path / 'paced'))
+      '--num_preprocess_threads=2', paced_dir=str(tmp_path / 'paced'),
+      joiner=2)
   assert code == 0, out
   with open(os.path.join(work, 'elastic.json')) as f:
     result = json.load(f)

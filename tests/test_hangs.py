@@ -2,7 +2,8 @@
 stopped (SIGSTOP: its port still takes connections, nothing answers) is
 named and the others go on, and it trains again once continued; a worker
 three times slower than it can be is set aside and taken back once it keeps
-pace; a hung ps is named by each worker, and nothing else changes. Every
+pace; a hung ps is named by each worker, and nothing else changes; a hung
+chief is named by the other worker, which waits for it. Every
 stopped process is continued before any teardown; assertions on lines,
 global steps, checkpoints and exit codes, never on which worker wins."""
 
@@ -10,6 +11,7 @@ import re
 import signal
 
 from helpers import PACED, checkpoint_step, cluster_flags, hosts
+from helpers import paused, start_cluster
 from helpers import steps, wait_until
 
 LOST = ['--lost_worker_secs=3', '--wait_report_secs=2']
@@ -45,12 +47,22 @@ def start_sync_cluster(procs, flags, fault2=None, paced=True):
   """1 ps and 3 synchronous workers; with paced, workers 0 and 1 take 20
   steps a second at most, so that the run lasts however fast the
   machine."""
-  procs.trainer('ps0', '--job_name=ps', '--task_index=0', *flags)
-  procs.trainer('worker2', '--job_name=worker', '--task_index=2', *flags,
-                fault=fault2)
-  for i in (1, 0):
-    procs.trainer('worker%d' % i, '--job_name=worker', '--task_index=%d' % i,
-                  *flags, fault=PACED if paced else None)
+  faults = {'worker2': fault2}
+  if paced:
+    faults.update(worker0=PACED, worker1=PACED)
+  start_cluster(procs, flags, num_workers=3, faults=faults)
+
+
+def start_training_pair(procs, data_dir, train_dir):
+  """1 ps and 2 paced synchronous workers to --max_steps=120 (20 steps a
+  second at most: 5 s at least after the first ten); returns their flags
+  once both train."""
+  flags = cluster_flags(data_dir, train_dir, num_workers=2) + [
+      '--max_steps=120'] + LOST
+  start_cluster(procs, flags, faults={'worker0': PACED, 'worker1': PACED})
+  wait_until(lambda: len(steps(procs, 'worker1')) >= 2, 300,
+             'the workers training', procs)
+  return flags
 
 
 def reached(procs, names=('worker0', 'worker1')):
@@ -67,9 +79,7 @@ def test_a_hung_worker_is_named_and_trains_again_when_it_answers(
   start_sync_cluster(procs, flags)
   wait_until(lambda: len(steps(procs, 'worker2')) >= 2, 300,
              'worker 2 training', procs)
-  worker2 = procs.procs['worker2']
-  worker2.send_signal(signal.SIGSTOP)
-  try:
+  with paused(procs, 'worker2'):
     line = 'Worker 0: lost worker 2 at %s (' % workers[2]
     procs.wait_for_line('worker0', line, 120)
     named = next(l for l in procs.log('worker0').splitlines()
@@ -85,8 +95,6 @@ def test_a_hung_worker_is_named_and_trains_again_when_it_answers(
     wait_until(lambda: reached(procs) >= at_loss + 10, 300,
                'workers 0 and 1 training on without worker 2', procs)
     before = len(steps(procs, 'worker2'))
-  finally:
-    worker2.send_signal(signal.SIGCONT)
   procs.wait_for_line('worker0', 'Worker 0: worker 2 at %s is back; it '
                       'trains again' % workers[2], 120)
   wait_until(lambda: len(steps(procs, 'worker2')) > before, 300,
@@ -148,24 +156,14 @@ def test_a_straggler_is_set_aside_and_taken_back(procs, tiny_data,
 def test_a_hung_ps_is_named_by_each_worker_and_nothing_else_changes(
     procs, tiny_data, tmp_path):
   train_dir = str(tmp_path / 'train')
-  flags = cluster_flags(tiny_data, train_dir, num_workers=2) + [
-      '--max_steps=80'] + LOST
+  flags = start_training_pair(procs, tiny_data, train_dir)
   ps = hosts(flags, 'ps_hosts')[0]
-  procs.trainer('ps0', '--job_name=ps', '--task_index=0', *flags)
-  for i in (1, 0):
-    procs.trainer('worker%d' % i, '--job_name=worker', '--task_index=%d' % i,
-                  *flags, fault=PACED)
-  wait_until(lambda: len(steps(procs, 'worker1')) >= 2, 300,
-             'the workers training', procs)
-  procs.procs['ps0'].send_signal(signal.SIGSTOP)
-  try:
+  with paused(procs, 'ps0'):
     for i in (0, 1):
       procs.wait_for_line(
           'worker%d' % i, 'Worker %d: ps 0 at %s takes connections but has '
           'not answered for 3 s: check that machine (its load, memory, disk '
           'and network); training waits for it' % (i, ps), 60)
-  finally:
-    procs.procs['ps0'].send_signal(signal.SIGCONT)
   for i in (0, 1):
     procs.wait_for_line('worker%d' % i,
                         'Worker %d: ps 0 at %s answers again' % (i, ps), 60)
@@ -174,4 +172,26 @@ def test_a_hung_ps_is_named_by_each_worker_and_nothing_else_changes(
   assert 'lost worker' not in procs.log('worker0')
   assert 'lags' not in procs.log('worker0')
   assert 'lost the chief' not in procs.log('worker1')
-  assert checkpoint_step(train_dir) == 80
+  assert checkpoint_step(train_dir) == 120
+
+
+def test_a_hung_chief_is_named_and_the_run_ends_once_it_answers(
+    procs, tiny_data, tmp_path):
+  train_dir = str(tmp_path / 'train')
+  flags = start_training_pair(procs, tiny_data, train_dir)
+  chief = hosts(flags, 'worker_hosts')[0]
+  with paused(procs, 'worker0'):
+    procs.wait_for_line(
+        'worker1', 'Worker 1: lost the chief, worker 0 at %s (takes '
+        'connections but does not answer); no checkpoint is written until '
+        'it is back, and the steps since its last one are only on the ps '
+        'tasks, which keep them: start it again and it goes on from there. '
+        'This worker waits for it' % chief, 60)
+  procs.wait_for_line('worker1', 'Worker 1: the chief, worker 0 at %s, is '
+                      'back; going on' % chief, 60)
+  assert procs.wait_all(timeout=300) == {'ps0': 0, 'worker0': 0,
+                                         'worker1': 0}, procs.tails()
+  assert checkpoint_step(train_dir) == 120
+  # The chief's own pause is not a worker's: it names none lost or lagging.
+  assert 'lost worker' not in procs.log('worker0')
+  assert 'lags' not in procs.log('worker0')
