@@ -18,18 +18,25 @@ PROGRESS = progress.PATTERN
 
 # A sitecustomize for the script's tasks: each worker takes at most 20 steps
 # a second, so that the job lasts past the chief's lost-worker line however
-# fast the machine; and while the joiner (a Python starting afresh, its
-# index given) has started but not come to its first step, the others wait,
-# so that the job cannot reach --max_steps before it trains however slow its
-# start (nothing of theirs waits on them meanwhile).
+# fast the machine. Two waits make each phase's progress lines independent
+# of how fast each process starts: the other workers wait for the chief's
+# first step (its first steps are its slowest: without it they could take
+# the global step past the first change before the chief's first line); and
+# while the joiner (a Python starting afresh, its index given) has started
+# but not come to its first step, the others wait, so that the job cannot
+# reach --max_steps before it trains (nothing of theirs waits on them
+# meanwhile). Each test's next change comes far enough after that for its
+# phase to have the chief's progress lines after the wait.
 PACED = r"""
 import os, sys
 if (sys.argv and sys.argv[0].endswith('train_distributed.py') and
     '--job_name=worker' in sys.argv):
   import importlib.abc, importlib.machinery, time
   here = os.path.dirname(__file__)
-  starting, joined = (os.path.join(here, n) for n in ('starting', 'joined'))
+  starting, joined, stepped = (os.path.join(here, n) for n in (
+      'starting', 'joined', 'chief_stepped'))
   joiner = '--task_index=%(joiner)d' in sys.argv
+  chief = '--task_index=0' in sys.argv
   if joiner:
     open(starting, 'w').close()
 
@@ -43,14 +50,20 @@ if (sys.argv and sys.argv[0].endswith('train_distributed.py') and
       def exec_module(module):
         load(module)
         step, last = module.run_step, [0.0]
+        def waits():
+          return ((not chief and not os.path.exists(stepped)) or
+                  (os.path.exists(starting) and not os.path.exists(joined)))
         def paced(*args):
           if joiner:
             open(joined, 'w').close()
-          while os.path.exists(starting) and not os.path.exists(joined):
+          while waits():
             time.sleep(0.05)
           time.sleep(max(0.0, last[0] + 0.05 - time.time()))
           last[0] = time.time()
-          return step(*args)
+          result = step(*args)
+          if chief:
+            open(stepped, 'w').close()
+          return result
         module.run_step = paced
       spec.loader.exec_module = exec_module
       return spec
@@ -86,7 +99,7 @@ def test_a_job_of_1_then_2_then_1_worker_against_one_of_2(tiny_data,
   work = str(tmp_path / 'work')
   code, out = run_script(
       '--data_dir=' + tiny_data, '--work_dir=' + work, '--workers=1,2,1',
-      '--change_steps=15,30', '--max_steps=120', '--batch_size=16',
+      '--change_steps=15,60', '--max_steps=120', '--batch_size=16',
       '--step_ms=10', '--compare_fixed', '--',
       '--lost_worker_secs=2', '--num_preprocess_threads=2',
       paced_dir=str(tmp_path / 'paced'), joiner=1)
@@ -107,7 +120,7 @@ def test_a_job_of_1_then_2_then_1_worker_against_one_of_2(tiny_data,
   # chief's two progress lines that bound it.
   run_dir = os.path.join(work, 'elastic_seed0')
   times = chief_progress(run_dir)
-  assert phases[1]['steps'][0] >= 15 and phases[2]['steps'][0] >= 30
+  assert phases[1]['steps'][0] >= 15 and phases[2]['steps'][0] >= 60
   for before, after in zip(phases, phases[1:]):
     assert before['steps'][1] == after['steps'][0]
   for p in phases:
@@ -144,7 +157,7 @@ def test_an_async_job_over_2_ps_of_2_then_3_then_2_workers(tiny_data,
   work = str(tmp_path / 'work')
   code, out = run_script(
       '--data_dir=' + tiny_data, '--work_dir=' + work, '--num_ps=2',
-      '--workers=2,3,2', '--change_steps=20,40', '--max_steps=300',
+      '--workers=2,3,2', '--change_steps=30,150', '--max_steps=300',
       '--batch_size=16', '--', '--nosync_replicas', '--lost_worker_secs=2',
       '--num_preprocess_threads=2', paced_dir=str(tmp_path / 'paced'),
       joiner=2)
