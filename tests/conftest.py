@@ -1,7 +1,8 @@
 """pytest's fixtures: tiny datasets on disk, processes killed by PID, the
 trainer's flags, the fork server stopped, each test's environment restored,
-and two tests at a time (pytest-xdist) but for those marked alone. What the tests share besides is in helpers.py (importing it
-sets up the suite's environment: see helpers.from_caller)."""
+and two tests at a time (pytest-xdist) but for those marked alone. What the
+tests share besides is in helpers.py (importing it sets up the suite's
+environment: see helpers.from_caller)."""
 
 import fcntl
 import os

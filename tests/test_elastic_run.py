@@ -54,14 +54,14 @@ if (sys.argv and sys.argv[0].endswith('train_distributed.py') and
           return ((not chief and not os.path.exists(stepped)) or
                   (os.path.exists(starting) and not os.path.exists(joined)))
         def paced(*args):
-          if joiner:
+          if joiner and not os.path.exists(joined):
             open(joined, 'w').close()
           while waits():
             time.sleep(0.05)
           time.sleep(max(0.0, last[0] + 0.05 - time.time()))
           last[0] = time.time()
           result = step(*args)
-          if chief:
+          if chief and not os.path.exists(stepped):
             open(stepped, 'w').close()
           return result
         module.run_step = paced
