@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""How many ps tasks? Predicts a synchronous cluster's step for 1..N ps.
+"""How many ps tasks? Predicts a cluster's images/s for 1..N ps.
 
 From a worker's step on a fast network, the model's bytes, the link rate,
-the number of workers and the transfer dtype, prints the predicted ms per
-step and images/s of every ps count, and names the fewest ps tasks within
-5% of the best:
+the number of workers, the transfer dtype and, where given, the machines'
+cores and the steps' spread, prints the predicted ms per step and images/s
+of every ps count (synchronous, with a backup worker, or asynchronous), and
+names the fewest ps tasks within 5% of the best:
 
   python3 scripts/plan_cluster.py --step_ms=45 --num_workers=32 --link_gbit=10
 
@@ -12,10 +13,9 @@ With --slots=R instead of --num_workers (R worker slots listed, each
 update a gradient per slot, as in deploy/k8s.yaml), it plans for all R
 running, then gives the images/s of 1..R of them running.
 
-The model (predict_step_ms) is the one the benchmark validates: its
-slow-network rows print this prediction beside each measurement
-(docs/performance.md). Every task is assumed to have a link of its own of
-the same rate, as machines on one switch have.
+The model (training/throughput.py) is the one the benchmark and the
+scaling run validate, printing its prediction beside each measurement
+(docs/performance.md).
 """
 
 import argparse
@@ -26,25 +26,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from training import process  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training import throughput  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-# Bytes on the wire per byte of tensor: TCP/IP and Ethernet headers, and
-# gRPC's framing. Measured on the benchmark's emulated links: 723 KB over
-# one TCP stream took 1.033x its bytes' time from 30 Mbit/s to 1 Gbit/s.
-WIRE_OVERHEAD = 1.033
-# How a synchronous step grows with its transfers. The pull crosses the
-# busiest link before the forward pass can start: all of it is on the
-# critical path. The push runs beside the backward pass: it costs only what
-# does not fit beside HIDDEN_SHARE of the fast-network step (the backward
-# pass, and the ps tasks' own work). What the push costs: the worker's own
-# link once more (OWN_LINK_FACTOR), and a third of the busiest link again
-# (BUSIEST_LINK_EXTRA: the workers' pushes arrive at a ps at once, and TCP
-# restarts slowly after every pause of a step). The three constants were
-# fitted to the benchmark's slow-network runs of 1 and 2 ps + 2 workers,
-# float32 and bfloat16, batch 64 and 32, at 30 and 100 Mbit/s: within 3% of
-# all seven (docs/performance.md).
-BUSIEST_LINK_EXTRA = 0.3
-OWN_LINK_FACTOR = 1.0
-HIDDEN_SHARE = 0.58
 WITHIN = 0.05  # "Within 5% of the best".
 
 
@@ -84,85 +67,26 @@ def even_shares(max_ps):
   return {p: 1.0 / p for p in range(1, max_ps + 1)}
 
 
-def busiest_bytes(model_bytes, share, num_workers, dtype_bytes=4):
-  """The tensor bytes the busiest link carries each way per step.
-
-  A worker's own link carries the whole model each way (the weights in,
-  the gradients out); a ps's link carries its share for every worker.
-  """
-  return model_bytes * dtype_bytes / 4.0 * max(1.0, num_workers * share)
-
-
-def transfer_ms(tensor_bytes, mbit):
-  """How long tensor_bytes take on a link of mbit Mbit/s, headers and all."""
-  return tensor_bytes * WIRE_OVERHEAD * 8 / (mbit * 1e6) * 1e3
-
-
-def link_ms(model_bytes, share, num_workers, mbit, dtype_bytes=4):
-  """The busiest link's transfer, ms each way per step."""
-  return transfer_ms(busiest_bytes(model_bytes, share, num_workers,
-                                   dtype_bytes), mbit)
-
-
-def predict_step_ms(step_ms, model_bytes, share, num_workers, mbit,
-                    dtype_bytes=4):
-  """Predicts a synchronous step, ms: step_ms, the pull, and what of the
-  push does not hide beside the step (see BUSIEST_LINK_EXTRA).
-
-  Args:
-    step_ms: A worker's step when the network costs nothing.
-    model_bytes: The trainable variables' float32 bytes.
-    share: The largest share of them one ps holds.
-    num_workers: Workers (all synchronous).
-    mbit: Every task's link rate, Mbit/s.
-    dtype_bytes: Bytes per value on the wire (2: --transfer_dtype=bfloat16).
-  """
-  busiest = link_ms(model_bytes, share, num_workers, mbit, dtype_bytes)
-  own = transfer_ms(model_bytes * dtype_bytes / 4.0, mbit)
-  push = BUSIEST_LINK_EXTRA * busiest + OWN_LINK_FACTOR * own
-  return step_ms + busiest + max(0.0, push - HIDDEN_SHARE * step_ms)
-
-
 def plan(step_ms, num_workers, mbit, shares, batch_size, model_bytes,
-         dtype_bytes):
-  """Returns [(num_ps, the busiest link's tensor MB each way, ms per step,
-  images/s, whether a worker's own link is the busiest)]."""
+         dtype_bytes, *, mode='sync', worker_cores=None, ps_cores=None,
+         step_cv=0.0):
+  """Returns [(num_ps, the busiest link's tensor MB each way, ms per step
+  (an update; asynchronous: a worker's step), images/s, whether a worker's
+  own link is the busiest)]."""
   rows = []
   for num_ps, share in sorted(shares.items()):
-    ms = predict_step_ms(step_ms, model_bytes, share, num_workers, mbit,
-                         dtype_bytes)
-    mb = busiest_bytes(model_bytes, share, num_workers, dtype_bytes) / 1e6
-    rows.append((num_ps, mb, ms, num_workers * batch_size * 1e3 / ms,
-                 num_workers * share <= 1))
+    rate = throughput.predict_images_per_sec(
+        step_ms=step_ms, model_bytes=model_bytes, share=share,
+        num_workers=num_workers, num_ps=num_ps, mbit=mbit,
+        batch_size=batch_size, mode=mode, worker_cores=worker_cores,
+        ps_cores=ps_cores, step_cv=step_cv, dtype_bytes=dtype_bytes)
+    examples = num_workers - (mode == 'backup')
+    ms = (num_workers if mode == 'async' else examples) * batch_size * 1e3 / (
+        rate)
+    mb = throughput.busiest_bytes(model_bytes, share, num_workers,
+                                  dtype_bytes) / 1e6
+    rows.append((num_ps, mb, ms, rate, num_workers * share <= 1))
   return rows
-
-
-def update_ms(step_ms, model_bytes, share, slots, running, mbit,
-              dtype_bytes=4):
-  """Predicts an update of `slots` gradients made by `running` workers, ms.
-
-  Each of the update's tokens gives one gradient at its global step, and
-  the next update's tokens come after it: the workers make the gradients in
-  rounds, slots // running of every worker, then one of the slots % running
-  left (the others wait). Each round is predict_step_ms of its workers.
-  """
-  full, rest = divmod(slots, running)
-  ms = full * predict_step_ms(step_ms, model_bytes, share, running, mbit,
-                              dtype_bytes)
-  if rest:
-    ms += predict_step_ms(step_ms, model_bytes, share, rest, mbit,
-                          dtype_bytes)
-  return ms
-
-
-def running_rows(step_ms, slots, mbit, share, batch_size, model_bytes,
-                 dtype_bytes):
-  """Returns [(workers running, ms per update, updates/s, images/s)] for
-  1..slots of them, every update taking a gradient per slot."""
-  times = [update_ms(step_ms, model_bytes, share, slots, running, mbit,
-                     dtype_bytes) for running in range(1, slots + 1)]
-  return [(running, ms, 1e3 / ms, slots * batch_size * 1e3 / ms)
-          for running, ms in enumerate(times, 1)]
 
 
 def fewest_within(rows, within=WITHIN):
@@ -179,6 +103,25 @@ TYPICAL_WORKERS = (8, 32, 128)
 TYPICAL_GBIT = (1, 10, 25)
 TYPICAL_STEP_MS = (('CPU-class worker, 45 ms a step', 45.0),
                    ('GPU-class worker, 5 ms a step', 5.0))
+
+
+def add_cluster_args(parser):
+  """--training, the machines' cores and steps' spread, --at_scale."""
+  parser.add_argument('--training', default='sync',
+                      choices=['sync', 'backup', 'async'],
+                      help='sync: an update a gradient per worker; backup: '
+                      'one backup worker; async: --nosync_replicas')
+  parser.add_argument('--worker_cores', type=float,
+                      help="each worker machine's cores: counts its RPCs' CPU")
+  parser.add_argument('--ps_cores', type=float,
+                      help="each ps machine's cores: counts ps 0's CPU")
+  parser.add_argument('--step_cv', type=float, default=0.0,
+                      help="the spread of a worker's sec/batch (deviation "
+                      'over mean): an update waits for the slowest worker')
+  parser.add_argument('--at_scale', action='store_true',
+                      help="docs/performance.md's table: the fewest ps, the "
+                      'efficiency and what bounds it for 8 to 128 GPU-class '
+                      'workers (takes no other flag but --max_ps)')
 
 
 def parse_args(argv):
@@ -198,6 +141,7 @@ def parse_args(argv):
                       'of them running')
   parser.add_argument('--link_gbit', type=float,
                       help="every task's link rate, Gbit/s (0.1: 100 Mbit/s)")
+  add_cluster_args(parser)
   parser.add_argument('--transfer_dtype', default='float32',
                       choices=['float32', 'bfloat16'],
                       help="the trainer's --transfer_dtype")
@@ -228,14 +172,20 @@ def parse_args(argv):
 
 def usage_problem(args):
   """What is wrong with the command line, in a few words; None if nothing."""
-  if args.typical:
+  if args.typical or args.at_scale:
+    which = '--typical' if args.typical else '--at_scale'
     given = [n for n in ('step_ms', 'num_workers', 'slots', 'link_gbit',
-                         'model_bytes') if getattr(args, n) is not None]
+                         'model_bytes', 'worker_cores', 'ps_cores')
+             if getattr(args, n) is not None]
     given += ['plot'] if args.plot else []
-    if given or args.batch_size != 128 or args.transfer_dtype != 'float32':
-      return ('--typical prints the README\'s table for its own clusters; '
-              'drop --%s, or drop --typical' % (
-                  given[0] if given else 'batch_size/--transfer_dtype'))
+    given += ['at_scale'] if args.typical and args.at_scale else []
+    if given or args.batch_size != 128 or args.transfer_dtype != 'float32' or (
+        args.training != 'sync' or args.step_cv):
+      return ('%s prints %s table for its own clusters; drop --%s, or drop '
+              '%s' % (which, 'the README\'s' if args.typical else
+                      'docs/performance.md\'s', given[0] if given else
+                      'batch_size/--transfer_dtype/--training/--step_cv',
+                      which))
     needed = []
   elif args.slots is not None and args.num_workers is not None:
     return ('--slots=%d plans 1 to %d workers running; drop --num_workers'
@@ -243,8 +193,15 @@ def usage_problem(args):
   else:
     needed = ['step_ms', 'num_workers' if args.slots is None else 'slots',
               'link_gbit']
-  for name in needed + ['batch_size', 'max_ps'] + (
-      ['model_bytes'] if args.model_bytes is not None else []):
+  if not 0 <= args.step_cv < 1:
+    return ('--step_cv is the spread of the steps over their mean, from 0 '
+            'up to 1 (got %g), e.g. 0.1' % args.step_cv)
+  if args.slots is not None and args.training != 'sync':
+    return ('--slots plans synchronous updates of a gradient per slot; drop '
+            '--training=%s' % args.training)
+  for name in needed + ['batch_size', 'max_ps'] + [
+      n for n in ('model_bytes', 'worker_cores', 'ps_cores')
+      if getattr(args, n) is not None]:
     value = getattr(args, name)
     if value is None or not value > 0:
       return ('--%s must be given and above 0 (got %s), e.g. --step_ms=45 '
@@ -281,12 +238,20 @@ def markdown(args, rows):
   """One plan as a Markdown table and the answer's line."""
   fewest = fewest_within(rows)
   one = rows[0][3]
-  out = ['Predicted: %d synchronous workers at batch %d, %s links, %s '
-         "transfers, a worker's step %g ms on a fast network." % (
-             args.num_workers, args.batch_size, gbit_name(args.link_gbit),
-             args.transfer_dtype, args.step_ms), '',
+  cores = ''
+  if args.worker_cores or args.ps_cores:
+    cores = ' Machines: %s.' % ', '.join(
+        '%s of %g cores' % (name, c) for name, c in (
+            ('workers', args.worker_cores), ('ps', args.ps_cores)) if c)
+  out = ['Predicted: %d %s at batch %d, %s links, %s '
+         "transfers, a worker's step %g ms on a fast network.%s" % (
+             args.num_workers, TRAINING_NAMES[args.training],
+             args.batch_size, gbit_name(args.link_gbit),
+             args.transfer_dtype, args.step_ms, cores), '',
          "| ps tasks | busiest link's tensors, MB each way per step | "
-         'ms per step | images/s | x 1 ps |', '|---|---|---|---|---|']
+         'ms per %s | images/s | x 1 ps |' % (
+             "worker's step" if args.training == 'async' else 'update'),
+         '|---|---|---|---|---|']
   for num_ps, mb, ms, rate, _ in rows:
     out.append('| %d | %.2f | %.1f | %.0f | %.2fx |' % (num_ps, mb, ms, rate,
                                                        rate / one))
@@ -303,18 +268,49 @@ def markdown(args, rows):
   return '\n'.join(out)
 
 
+TRAINING_NAMES = {'sync': 'synchronous workers',
+                  'backup': 'synchronous workers, one of them a backup,',
+                  'async': 'asynchronous workers'}
+
+# docs/performance.md's table (--at_scale): GPU-class steps of batch 128 on
+# machines of 16 cores, every ps and worker on a link of its own, the steps
+# spread by 5% (assumed: a GPU's steps vary less than a CPU share's).
+AT_SCALE_WORKERS = (8, 32, 128)
+AT_SCALE_STEP_MS = (10.0, 50.0)
+AT_SCALE_GBIT = (10, 25, 100)
+AT_SCALE_CORES = 16
+AT_SCALE_CV = 0.05
+
+
+def at_scale_markdown(shares):
+  """Per cluster: the fewest ps within 5% of the best, the efficiency
+  against linear (workers x 1 worker + 1 ps) and what bounds the step."""
+  out = ['| workers | step | %s |' % ' | '.join(
+      gbit_name(g) for g in AT_SCALE_GBIT),
+         '|---|---|%s' % ('---|' * len(AT_SCALE_GBIT))]
+  cores = dict(worker_cores=AT_SCALE_CORES, ps_cores=AT_SCALE_CORES,
+               step_cv=AT_SCALE_CV)
+  for workers in AT_SCALE_WORKERS:
+    for step_ms in AT_SCALE_STEP_MS:
+      cells = []
+      for gbit in AT_SCALE_GBIT:
+        rows = plan(step_ms, workers, gbit * 1000, shares, 128,
+                    network_bytes(), 4, **cores)
+        fewest = fewest_within(rows)
+        one = plan(step_ms, 1, gbit * 1000, {1: shares[1]}, 128,
+                   network_bytes(), 4, **cores)[0][3]
+        cells.append('%d ps: %.2f, %s' % (
+            fewest, rows[fewest - 1][3] / (workers * one),
+            throughput.bound(step_ms=step_ms, model_bytes=network_bytes(),
+                             share=shares[fewest], num_workers=workers,
+                             num_ps=fewest, mbit=gbit * 1000, **cores)))
+      out.append('| %d | %g ms | %s |' % (workers, step_ms,
+                                          ' | '.join(cells)))
+  return '\n'.join(out)
+
+
 # The ps counts --plot draws (those up to --max_ps).
 PLOT_PS = (1, 2, 4, 8, 16)
-
-
-def workers_series(step_ms, max_workers, mbit, shares, batch_size,
-                   model_bytes, dtype_bytes):
-  """{num_ps: [predicted images/s of 1..max_workers workers]}, for PLOT_PS
-  within shares."""
-  return {num_ps: [n * batch_size * 1e3 / predict_step_ms(
-      step_ms, model_bytes, shares[num_ps], n, mbit, dtype_bytes)
-                   for n in range(1, max_workers + 1)]
-          for num_ps in PLOT_PS if num_ps in shares}
 
 
 def plot_workers(series, title, path):
@@ -370,23 +366,28 @@ def main(argv=None):
   if args.typical:
     print(typical_markdown(shares))
     return 0
+  if args.at_scale:
+    print(at_scale_markdown(shares))
+    return 0
   dtype_bytes = 2 if args.transfer_dtype == 'bfloat16' else 4
   if args.slots:
     args.num_workers = args.slots  # The ps table: every slot running.
   rows = plan(args.step_ms, args.num_workers, args.link_gbit * 1000, shares,
-              args.batch_size, args.model_bytes, dtype_bytes)
+              args.batch_size, args.model_bytes, dtype_bytes,
+              mode=args.training, worker_cores=args.worker_cores,
+              ps_cores=args.ps_cores, step_cv=args.step_cv)
   print(markdown(args, rows))
   if args.slots:
     num_ps = fewest_within(rows)
     print()
-    print(running_markdown(args, num_ps, running_rows(
+    print(running_markdown(args, num_ps, throughput.running_rows(
         args.step_ms, args.slots, args.link_gbit * 1000, shares[num_ps],
         args.batch_size, args.model_bytes, dtype_bytes)))
   if args.plot:
-    plot_workers(workers_series(args.step_ms, args.num_workers,
+    plot_workers(throughput.workers_series(args.step_ms, args.num_workers,
                                 args.link_gbit * 1000, shares,
                                 args.batch_size, args.model_bytes,
-                                dtype_bytes),
+                                dtype_bytes, PLOT_PS),
                  "batch %d, %s links, %s transfers, a worker's step %g ms" % (
                      args.batch_size, gbit_name(args.link_gbit),
                      args.transfer_dtype, args.step_ms), args.plot)

@@ -351,8 +351,8 @@ def wait_until(predicate, timeout, what, procs):
     if predicate():
       return
     time.sleep(0.2)
-  pytest.fail('%s did not happen within %d s; logs:\n%s' % (what, timeout,
-                                                            procs.tails()))
+  pytest.fail('%s did not happen within %d s; logs:\n%s' % (
+      what, timeout, procs.tails() if procs else '(none)'))
 
 
 def run_in_group(command, timeout, **popen_args):

@@ -9,7 +9,7 @@ import sys
 import cifar10_model
 from helpers import ROOT, run_in_group, suite_env
 import elastic_run
-import plan_cluster
+from training import throughput
 from training import progress
 
 SCRIPT = os.path.join(ROOT, 'tools', 'elastic_run.py')
@@ -148,7 +148,7 @@ def test_a_job_of_1_then_2_then_1_worker_against_one_of_2(tiny_data,
   # The planner's images/s for 1 and 2 workers of 16, a 10 ms step, 10
   # Gbit/s links, 1 ps.
   assert result['predicted_images_per_sec'] == {
-      str(n): round(n * 16e3 / plan_cluster.predict_step_ms(
+      str(n): round(n * 16e3 / throughput.predict_step_ms(
           10, cifar10_model.MODEL_BYTES, 1.0, n, 10e3), 1) for n in (1, 2)}
 
 

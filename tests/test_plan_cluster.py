@@ -13,6 +13,7 @@ import tensorflow as tf
 import cifar10_model
 from helpers import ROOT
 import plan_cluster
+from training import throughput
 
 PLANNER = os.path.join(ROOT, 'scripts', 'plan_cluster.py')
 
@@ -36,15 +37,15 @@ def test_the_step_by_hand():
   # workers' 719,848 bytes (1.033x on the wire) each way: 118.97 ms; a
   # worker's own link half of it. Pull 118.97, then the push's
   # 0.3 x 118.97 + 59.49 = 95.18, less 0.58 x 60 hidden: 60.38 more.
-  assert plan_cluster.link_ms(719848, 1.0, 2, 100) == pytest.approx(
+  assert throughput.link_ms(719848, 1.0, 2, 100) == pytest.approx(
       118.97, abs=0.01)
-  assert plan_cluster.predict_step_ms(60, 719848, 1.0, 2, 100) == (
+  assert throughput.predict_step_ms(60, 719848, 1.0, 2, 100) == (
       pytest.approx(60 + 118.97 + 60.38, abs=0.02))
   # bfloat16 halves every transfer.
-  assert plan_cluster.link_ms(719848, 1.0, 2, 100, 2) == pytest.approx(
+  assert throughput.link_ms(719848, 1.0, 2, 100, 2) == pytest.approx(
       118.97 / 2, abs=0.01)
   # On a fast link the push hides entirely; the pull does not.
-  assert plan_cluster.predict_step_ms(60, 719848, 1.0, 2, 10000) == (
+  assert throughput.predict_step_ms(60, 719848, 1.0, 2, 10000) == (
       pytest.approx(60 + 1.19, abs=0.01))
 
 
@@ -133,7 +134,7 @@ def test_the_plot_of_workers_by_hand():
   # 59.49 = 77.34) hides 26.1 ms of it: 45 + 59.49 + 51.24 = 155.72 ms, 822
   # images/s. 2 workers: 45 + 118.98 + (0.3 x 118.98 + 59.49 - 26.1) =
   # 233.06 ms, 1,098 images/s.
-  series = plan_cluster.workers_series(45, 2, 100, {1: 1.0, 3: 0.4}, 128,
+  series = throughput.workers_series(45, 2, 100, {1: 1.0, 3: 0.4}, 128,
                                        719848, 4)
   assert list(series) == [1]  # Only the ps counts it draws.
   assert series[1] == [pytest.approx(821.97, abs=0.01),
@@ -147,7 +148,7 @@ def test_updates_of_a_gradient_per_slot_by_hand():
   # update of 4 gradients: 1 running, 4 rounds of 5.59 = 22.38 ms; 2, 2
   # rounds of 6.19 = 12.38; 3, a round of 3 and one of 1, 6.78 + 5.59 =
   # 12.38, no faster than 2; 4, one round, 7.38. Images/s: 512,000 / ms.
-  rows = plan_cluster.running_rows(5, 4, 10000, 1.0, 128, 719848, 4)
+  rows = throughput.running_rows(5, 4, 10000, 1.0, 128, 719848, 4)
   assert [(n, round(ms, 2), round(updates, 2), round(rate))
           for n, ms, updates, rate in rows] == [
               (1, 22.38, 44.68, 22878), (2, 12.38, 80.78, 41359),
@@ -219,3 +220,104 @@ def test_the_readme_table_is_the_planners(capsys):
     assert table in f.read()
   with open(os.path.join(ROOT, 'README.zh-CN.md'), encoding='utf-8') as f:
     assert table in f.read()
+
+
+def test_the_rpc_and_ps_terms_by_hand():
+  # 4 workers, 1 ps, 1 Gbit/s, a 100 ms step, machines of half a core.
+  # The ps link: 4 x 719,848 bytes x 1.033 x 8 bits = 23.795 ms each way;
+  # a worker's own 5.949; the push (0.3 x 23.795 + 5.949 = 13.09) hides in
+  # 58 ms: 123.795 ms. A synchronous step's RPCs: (0.8 + 3.7 x 1 ps) / 0.5
+  # cores = 9.0 ms: 132.795 ms. Ps 0: (6.0 + 4 x 2.9) / 0.5 = 35.2 ms,
+  # below it.
+  def rate(mode, ps_cores=0.5, step_cv=0.0):
+    return throughput.predict_images_per_sec(
+        step_ms=100, model_bytes=719848, share=1.0, num_workers=4, num_ps=1,
+        mbit=1000, batch_size=32, mode=mode, worker_cores=0.5,
+        ps_cores=ps_cores, step_cv=step_cv)
+  assert rate('sync') == pytest.approx(4 * 32e3 / 132.795, rel=1e-4)
+  # A backup worker: the same step, 3 gradients an update.
+  assert rate('backup') == pytest.approx(3 * 32e3 / 132.795, rel=1e-4)
+  # Steps spread by 10%: the update waits for the slowest of 4 normal
+  # draws, 1.0294 deviations above the mean (10.294 ms); with a backup for
+  # the second slowest, 0.2970 (2.970 ms).
+  assert rate('sync', step_cv=0.1) == pytest.approx(4 * 32e3 / 143.089,
+                                                    rel=1e-4)
+  assert rate('backup', step_cv=0.1) == pytest.approx(3 * 32e3 / 135.765,
+                                                      rel=1e-4)
+  # Asynchronous: each worker 100 + 5.949 (its own link; the push hides)
+  # + (-2.4 + 3.7) / 0.5 = 108.549 ms, above 1.85 x the ps link's 23.795
+  # (44.02) and ps 0's 4 x 2.8 / 0.5 = 22.4.
+  assert rate('async') == pytest.approx(4 * 32e3 / 108.549, rel=1e-4)
+  # Ps 0 of 0.05 cores: (6.0 + 4 x 2.9) / 0.05 = 352 ms a step; 4 x 2.8 /
+  # 0.05 = 224 ms a round of asynchronous steps.
+  assert rate('sync', 0.05) == pytest.approx(4 * 32e3 / 352, rel=1e-4)
+  assert rate('async', 0.05) == pytest.approx(4 * 32e3 / 224, rel=1e-4)
+  # No cores given: the link model alone, as predict_step_ms.
+  assert throughput.predict_images_per_sec(
+      step_ms=100, model_bytes=719848, share=1.0, num_workers=4, num_ps=1,
+      mbit=1000, batch_size=32) == pytest.approx(4 * 32e3 / 123.795,
+                                                 rel=1e-4)
+
+
+def test_the_expected_slowest_of_n():
+  # Tables of normal order statistics: the largest of 2, 4 and 8 draws.
+  assert [round(throughput.expected_order(n, n), 4) for n in (1, 2, 4, 8)] == [
+      0.0, 0.5642, 1.0294, 1.4236]
+  assert round(throughput.expected_order(1, 2), 4) == -0.5642
+
+
+def test_past_the_bytes_need_more_ps_make_a_step_slower():
+  # 8 workers of 0.12 cores on 600 Mbit/s links, a 272 ms step. A worker's
+  # own link carries 719,848 bytes x 1.033 x 8 bits in 9.915 ms, a ps's 8
+  # shares of it: 1 ps 79.3 ms, 2 ps (0.513) 40.7; each ps costs each
+  # worker (0.8 + 3.7 P) / 0.12 ms of RPCs: 37.5, 68.3. So 1 ps 388.8 ms,
+  # 2 ps 381.0, and from 3 ps on the RPCs outgrow the bytes saved.
+  rows = plan_cluster.plan(272, 8, 600, plan_cluster.largest_shares(4), 32,
+                           719848, 4, worker_cores=0.12, ps_cores=0.12)
+  ms = [r[2] for r in rows]
+  assert ms[0] == pytest.approx(388.8, abs=0.1)
+  assert ms[1] == pytest.approx(381.0, abs=0.1)
+  assert ms[1] < ms[0] < ms[2] < ms[3]
+  assert plan_cluster.fewest_within(rows) == 1  # 2% slower than 2 ps.
+
+
+def test_the_at_scale_table_is_the_planners(capsys):
+  code, out = in_process(capsys, '--at_scale')
+  assert code == 0, out
+  table = out.strip()
+  assert len(table.splitlines()) == 2 + 6  # Header, rule, 3 x 2 clusters.
+  with open(os.path.join(ROOT, 'docs', 'performance.md'),
+            encoding='utf-8') as f:
+    assert table in f.read()
+
+
+@pytest.mark.parametrize('flags, says', [
+    (['--slots=4', '--step_ms=5', '--link_gbit=10', '--training=async'],
+     '--slots plans synchronous updates of a gradient per slot; drop '
+     '--training=async'),
+    (['--at_scale', '--ps_cores=8'],
+     "--at_scale prints docs/performance.md's table for its own clusters; "
+     'drop --ps_cores, or drop --at_scale'),
+    (['--step_ms=5', '--num_workers=4', '--link_gbit=10', '--ps_cores=0'],
+     '--ps_cores must be given and above 0 (got 0.0), e.g. --step_ms=45 '
+     '--num_workers=32 --link_gbit=10'),
+])
+def test_bad_training_and_cores_get_one_line(flags, says):
+  code, out = planner(*flags)
+  assert (code, out.strip()) == (2, 'Error: ' + says)
+
+
+def test_a_plan_with_cores_and_async_in_a_real_process():
+  code, out = planner('--step_ms=272', '--num_workers=8', '--link_gbit=0.6',
+                      '--batch_size=32', '--worker_cores=0.12',
+                      '--ps_cores=0.12', '--training=async', '--max_ps=4')
+  assert code == 0, out
+  assert out.startswith('Predicted: 8 asynchronous workers at batch 32, 600 '
+                        'Mbit/s links, float32 transfers, a worker\'s step '
+                        '272 ms on a fast network. Machines: workers of 0.12 '
+                        'cores, ps of 0.12 cores.')
+  assert "| ps tasks | busiest link's tensors, MB each way per step | ms " \
+         "per worker's step | images/s | x 1 ps |" in out
+  rows = table_rows(out)
+  for num_ps, _, ms, rate, _ in rows:
+    assert rate == pytest.approx(8 * 32e3 / ms, rel=2e-3)

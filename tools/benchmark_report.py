@@ -11,7 +11,7 @@ import json
 import statistics
 
 import cpu_profile
-import plan_cluster
+from training import throughput
 
 BASELINE = 'single process'  # What each row's 'x single process' is to.
 PEER_ROW = "TF2's ParameterServerStrategy, 1 ps + 2 workers (async)"
@@ -98,7 +98,7 @@ def link_medians(*, name, link, rounds):
 
 def predict_network(network, bytes_):
   """Adds to each limited run the planner's prediction from the unlimited
-  run of the same shape (plan_cluster.predict_step_ms) and its error; and
+  run of the same shape (throughput.predict_step_ms) and its error; and
   to each run but the 1 ps float32 one its speed-up over that one."""
   def shape(run, **change):
     keys = ('num_workers', 'batch_size', 'num_ps', 'transfer_dtype', 'mbit')
@@ -108,7 +108,7 @@ def predict_network(network, bytes_):
   for run in network.get('runs', []):
     free = by_shape[shape(run, mbit=None)]
     if run['mbit'] is not None:
-      run['predicted_ms'] = plan_cluster.predict_step_ms(
+      run['predicted_ms'] = throughput.predict_step_ms(
           free['ms_per_step'], bytes_['pull'],
           bytes_['largest_ps_share'][run['num_ps']], run['num_workers'],
           run['mbit'], DTYPE_BYTES[run['transfer_dtype']])

@@ -8,7 +8,7 @@ each end of the veth pair), so that a cluster can be measured over 10 Gbit/s
 or 100 Mbit/s links instead of loopback. Needs root and iproute2; the
 addresses exist only inside these namespaces.
 
-Used by tests/test_multihost.py and tools/benchmark.py.
+Used by tests/test_multihost.py, tools/benchmark.py and tools/machines.py.
 """
 
 import json
@@ -45,6 +45,19 @@ def prefix(pid):
   return 'c10t%d-' % pid
 
 
+def can_delay():
+  """Whether this kernel has netem, which delays a link's packets."""
+  name = 'c10probe%d' % os.getpid()
+  subprocess.run(['ip', 'netns', 'add', name], capture_output=True)
+  try:
+    ok = not subprocess.run(
+        ['tc', '-n', name, 'qdisc', 'replace', 'dev', 'lo', 'root', 'netem',
+         'delay', '1ms'], capture_output=True).returncode
+  finally:
+    subprocess.run(['ip', 'netns', 'del', name], capture_output=True)
+  return ok
+
+
 def leftovers(pid):
   """The namespaces process pid made and did not delete (it was killed)."""
   if shutil.which('ip') is None:
@@ -62,12 +75,14 @@ def delete(names):
 class Network:
   """Hosts in namespaces, each linked to a bridge in a hub namespace."""
 
-  def __init__(self, port=2222, rate_mbit=None):
-    """Args: port: every host's; rate_mbit: each host's link, if limited."""
+  def __init__(self, port=2222, rate_mbit=None, delay_ms=0.0):
+    """Args: port: every host's; rate_mbit: each host's link, if limited;
+    delay_ms: added to each end of each link (netem), if any."""
     self.prefix = prefix(os.getpid())
     self.hub = self.prefix + 'hub'
     self.port = port
     self.rate_mbit = rate_mbit
+    self.delay_ms = delay_ms
     self.namespaces = []
 
   def make_hub(self):
@@ -104,7 +119,7 @@ class Network:
     ip('-n', name, 'addr', 'add', '%s%d/24' % (SUBNET, number), 'dev', 'eth0')
     ip('-n', name, 'link', 'set', 'eth0', 'up')
     if self.rate_mbit:
-      self.limit_rate(host, self.rate_mbit)
+      self.limit_rate(host, self.rate_mbit, self.delay_ms)
     return '%s%d:%d' % (SUBNET, number, self.port)
 
   def exec_prefix(self, host):
@@ -115,7 +130,7 @@ class Network:
     """Cuts ('down') or restores ('up') the host's cable at the bridge."""
     ip('-n', self.hub, 'link', 'set', 'v' + host, state)
 
-  def limit_rate(self, host, mbit):
+  def limit_rate(self, host, mbit, delay_ms=0.0):
     """Limits the host's link to mbit Mbit/s each way, as a NIC would.
 
     A token bucket on each end's egress: the host's eth0 (what it sends)
@@ -127,14 +142,22 @@ class Network:
     (segmentation offload) into frames that fit. Measured with one TCP
     stream, 723 KB took 1.033x its bytes' time at 30 Mbit/s to 1 Gbit/s
     (the headers); at 10 Gbit/s 1.1 ms, where copying, not the bucket, is
-    the limit.
+    the limit. With delay_ms, each end first delays every packet that
+    long (netem, the bucket under it): a round trip between two hosts
+    crosses four ends.
     """
     burst = max(int(mbit * 1e6 / 8 / 1000), 2 * 1514)
     for namespace, device in ((self.prefix + host, 'eth0'),
                               (self.hub, 'v' + host)):
-      _run(['tc', '-n', namespace, 'qdisc', 'replace', 'dev', device, 'root',
-            'tbf', 'rate', '%dmbit' % mbit, 'burst', str(burst),
-            'latency', '100ms'])
+      tc = ['tc', '-n', namespace, 'qdisc', 'replace', 'dev', device]
+      bucket = ['tbf', 'rate', '%dmbit' % mbit, 'burst', str(burst),
+                'latency', '100ms']
+      if delay_ms:
+        _run(tc + ['root', 'handle', '1:', 'netem', 'delay',
+                   '%.3fms' % delay_ms, 'limit', '100000'])
+        _run(tc + ['parent', '1:', 'handle', '2:'] + bucket)
+      else:
+        _run(tc + ['root'] + bucket)
 
   def eth0_bytes(self, host):
     """(received, sent) bytes on the host's eth0."""

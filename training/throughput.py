@@ -1,0 +1,218 @@
+"""How fast a cluster trains: the model of images/s the planner uses.
+
+From one process's step on a worker machine, the model's bytes and how the
+ps tasks share them, the link rate, the workers and ps, and (where given)
+the machines' cores and the spread of the steps, predicts a synchronous
+step, an update with a backup worker, and an asynchronous worker's step.
+Used by scripts/plan_cluster.py, and by tools/ beside what they measure
+(the benchmark's slow links, the scaling run on machines of their own).
+Every task is assumed to have a link of its own of the same rate, as
+machines on one switch have.
+"""
+
+import functools
+import math
+
+# Bytes on the wire per byte of tensor: TCP/IP and Ethernet headers, and
+# gRPC's framing. Measured on the benchmark's emulated links: 723 KB over
+# one TCP stream took 1.033x its bytes' time from 30 Mbit/s to 1 Gbit/s.
+WIRE_OVERHEAD = 1.033
+# How a synchronous step grows with its transfers. The pull crosses the
+# busiest link before the forward pass can start: all of it is on the
+# critical path. The push runs beside the backward pass: it costs only what
+# does not fit beside HIDDEN_SHARE of the fast-network step (the backward
+# pass, and the ps tasks' own work). What the push costs: the worker's own
+# link once more (OWN_LINK_FACTOR), and a third of the busiest link again
+# (BUSIEST_LINK_EXTRA: the workers' pushes arrive at a ps at once, and TCP
+# restarts slowly after every pause of a step). The three constants were
+# fitted to the benchmark's slow-network runs of 1 and 2 ps + 2 workers,
+# float32 and bfloat16, batch 64 and 32, at 30 and 100 Mbit/s: within 3% of
+# all seven (docs/performance.md).
+BUSIEST_LINK_EXTRA = 0.3
+OWN_LINK_FACTOR = 1.0
+HIDDEN_SHARE = 0.58
+# The CPU of a step's RPCs, core-ms, where the machines' cores are given
+# (--worker_cores, --ps_cores). A worker: SYNC_RPC_MS a synchronous step
+# (its token, the accumulators), ASYNC_RPC_MS an asynchronous one (below 0:
+# the update and the moving averages one process computes run on the ps),
+# and PS_RPC_MS for each ps it reads from and writes to. Ps 0, which holds
+# the global step and the token queue, whatever its share of the bytes:
+# PS_WORKER_MS a worker's synchronous step, PS_UPDATE_MS an update,
+# PS_ASYNC_MS an asynchronous step. A task's RPCs and its compute share its
+# cores (as on a machine whose cores are all busy). Fitted to 41 points of
+# machines of their own, 1-8 workers, 1-5 ps (tools/scaling_run.py,
+# docs/performance.md#scaling), with the barrier (sync_parts).
+SYNC_RPC_MS = 0.8
+ASYNC_RPC_MS = -2.4
+PS_RPC_MS = 3.7
+PS_WORKER_MS = 2.9
+PS_UPDATE_MS = 6.0
+PS_ASYNC_MS = 2.8
+# Asynchronous pulls and pushes cross the busiest link at once, in both
+# directions, from every worker: it carries its bytes this many times more
+# slowly than one stream.
+ASYNC_LINK_FACTOR = 1.85
+
+
+def busiest_bytes(model_bytes, share, num_workers, dtype_bytes=4):
+  """The tensor bytes the busiest link carries each way per step.
+
+  A worker's own link carries the whole model each way (the weights in,
+  the gradients out); a ps's link carries its share for every worker.
+  """
+  return model_bytes * dtype_bytes / 4.0 * max(1.0, num_workers * share)
+
+
+def transfer_ms(tensor_bytes, mbit):
+  """How long tensor_bytes take on a link of mbit Mbit/s, headers and all."""
+  return tensor_bytes * WIRE_OVERHEAD * 8 / (mbit * 1e6) * 1e3
+
+
+def link_ms(model_bytes, share, num_workers, mbit, dtype_bytes=4):
+  """The busiest link's transfer, ms each way per step."""
+  return transfer_ms(busiest_bytes(model_bytes, share, num_workers,
+                                   dtype_bytes), mbit)
+
+
+def predict_step_ms(step_ms, model_bytes, share, num_workers, mbit,
+                    dtype_bytes=4):
+  """Predicts a synchronous step, ms: step_ms, the pull, and what of the
+  push does not hide beside the step (see BUSIEST_LINK_EXTRA).
+
+  Args:
+    step_ms: A worker's step when the network costs nothing.
+    model_bytes: The trainable variables' float32 bytes.
+    share: The largest share of them one ps holds.
+    num_workers: Workers (all synchronous).
+    mbit: Every task's link rate, Mbit/s.
+    dtype_bytes: Bytes per value on the wire (2: --transfer_dtype=bfloat16).
+  """
+  busiest = link_ms(model_bytes, share, num_workers, mbit, dtype_bytes)
+  own = transfer_ms(model_bytes * dtype_bytes / 4.0, mbit)
+  push = BUSIEST_LINK_EXTRA * busiest + OWN_LINK_FACTOR * own
+  return step_ms + busiest + max(0.0, push - HIDDEN_SHARE * step_ms)
+
+
+@functools.lru_cache(maxsize=None)
+def expected_order(k, n):
+  """The mean of the k-th smallest of n standard normal draws (k = n: the
+  largest), by the trapezoid rule over [-8, 8]."""
+  if n == 1:
+    return 0.0
+  ways = math.comb(n, k) * k
+  total, steps = 0.0, 4000
+  for i in range(steps + 1):
+    x = -8 + 16.0 * i / steps
+    below = 0.5 * (1 + math.erf(x / math.sqrt(2)))
+    density = math.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+    term = x * ways * below ** (k - 1) * (1 - below) ** (n - k) * density
+    total += term * (0.5 if i in (0, steps) else 1.0)
+  return total * 16.0 / steps
+
+
+def sync_parts(*, step_ms, model_bytes, share, num_workers, num_ps, mbit,
+               mode='sync', worker_cores=None, ps_cores=None, step_cv=0.0,
+               dtype_bytes=4):
+  """{part: ms} of a synchronous update: 'compute' (step_ms), 'bytes' (the
+  links: predict_step_ms beyond step_ms), 'RPCs' (their CPU on a worker),
+  'barrier' (the wait for the slowest worker, or with a backup for the
+  second slowest), and 'ps 0' (how long its CPU for the update takes; the
+  update takes at least that)."""
+  parts = {'compute': step_ms,
+           'bytes': predict_step_ms(step_ms, model_bytes, share, num_workers,
+                                    mbit, dtype_bytes) - step_ms,
+           'RPCs': 0.0, 'ps 0': 0.0,
+           'barrier': step_cv * step_ms * expected_order(
+               num_workers - (mode == 'backup'), num_workers)}
+  if worker_cores:
+    parts['RPCs'] = (SYNC_RPC_MS + PS_RPC_MS * num_ps) / worker_cores
+  if ps_cores:
+    parts['ps 0'] = (PS_UPDATE_MS + num_workers * PS_WORKER_MS) / ps_cores
+  return parts
+
+
+def predict_images_per_sec(*, step_ms, model_bytes, share, num_workers,
+                           num_ps, mbit, batch_size, mode='sync',
+                           worker_cores=None, ps_cores=None, step_cv=0.0,
+                           dtype_bytes=4):
+  """Predicts a cluster's images/s, all workers together.
+
+  Args:
+    step_ms: One process's step on one worker machine.
+    share: The largest share of the model one of the num_ps ps holds.
+    mode: 'sync' (every update a gradient per worker), 'backup' (one
+      backup worker: the first num_workers - 1), 'async'.
+    worker_cores, ps_cores: The machines' cores (None: their RPCs' CPU is
+      not counted).
+    step_cv: The spread of a worker's steps (their standard deviation over
+      their mean): a synchronous update waits for the slowest of the
+      workers' steps, with a backup worker for the second slowest.
+    The rest: as predict_step_ms.
+  """
+  if mode == 'async':
+    # Each worker steps on its own; ps 0 and the busiest link serve them in
+    # turn.
+    rpc = (ASYNC_RPC_MS + PS_RPC_MS * num_ps) / worker_cores if (
+        worker_cores) else 0.0
+    cycle = max(predict_step_ms(step_ms, model_bytes, share, 1, mbit,
+                                dtype_bytes) + rpc,
+                ASYNC_LINK_FACTOR * link_ms(model_bytes, share, num_workers,
+                                            mbit, dtype_bytes),
+                num_workers * PS_ASYNC_MS / ps_cores if ps_cores else 0.0)
+    return num_workers * batch_size * 1e3 / cycle
+  parts = sync_parts(step_ms=step_ms, model_bytes=model_bytes, share=share,
+                     num_workers=num_workers, num_ps=num_ps, mbit=mbit,
+                     mode=mode, worker_cores=worker_cores, ps_cores=ps_cores,
+                     step_cv=step_cv, dtype_bytes=dtype_bytes)
+  ms = max(sum(v for k, v in parts.items() if k != 'ps 0'), parts['ps 0'])
+  return (num_workers - (mode == 'backup')) * batch_size * 1e3 / ms
+
+
+def bound(**kwargs):
+  """What lengthens a synchronous update most beyond its compute (takes
+  sync_parts' arguments): 'bytes', 'RPCs', 'the barrier', or 'ps 0' where
+  its CPU is longer than the rest of the update."""
+  parts = sync_parts(**kwargs)
+  if parts['ps 0'] > sum(v for k, v in parts.items() if k != 'ps 0'):
+    return 'ps 0'
+  parts = {k: v for k, v in parts.items() if k not in ('compute', 'ps 0')}
+  name = max(parts, key=parts.get)
+  return 'the barrier' if name == 'barrier' else name
+
+
+def update_ms(step_ms, model_bytes, share, slots, running, mbit,
+              dtype_bytes=4):
+  """Predicts an update of `slots` gradients made by `running` workers, ms.
+
+  Each of the update's tokens gives one gradient at its global step, and
+  the next update's tokens come after it: the workers make the gradients in
+  rounds, slots // running of every worker, then one of the slots % running
+  left (the others wait). Each round is predict_step_ms of its workers.
+  """
+  full, rest = divmod(slots, running)
+  ms = full * predict_step_ms(step_ms, model_bytes, share, running, mbit,
+                              dtype_bytes)
+  if rest:
+    ms += predict_step_ms(step_ms, model_bytes, share, rest, mbit,
+                          dtype_bytes)
+  return ms
+
+
+def running_rows(step_ms, slots, mbit, share, batch_size, model_bytes,
+                 dtype_bytes):
+  """Returns [(workers running, ms per update, updates/s, images/s)] for
+  1..slots of them, every update taking a gradient per slot."""
+  times = [update_ms(step_ms, model_bytes, share, slots, running, mbit,
+                     dtype_bytes) for running in range(1, slots + 1)]
+  return [(running, ms, 1e3 / ms, slots * batch_size * 1e3 / ms)
+          for running, ms in enumerate(times, 1)]
+
+
+def workers_series(step_ms, max_workers, mbit, shares, batch_size,
+                   model_bytes, dtype_bytes, ps_counts=(1, 2, 4, 8, 16)):
+  """{num_ps: [predicted images/s of 1..max_workers workers]}, for the
+  ps_counts within shares (the planner's --plot draws these)."""
+  return {num_ps: [n * batch_size * 1e3 / predict_step_ms(
+      step_ms, model_bytes, shares[num_ps], n, mbit, dtype_bytes)
+                   for n in range(1, max_workers + 1)]
+          for num_ps in ps_counts if num_ps in shares}
