@@ -5,6 +5,7 @@ input is one line. Needs root, cgroups and iproute2, as CI has."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -54,7 +55,7 @@ def test_a_task_in_its_own_cgroup_is_held_to_its_share():
   assert not cpu_shares.owned(os.getpid())
 
 
-def test_a_share_held_later_holds_from_then_and_close_removes_it():
+def test_a_free_share_gets_its_quota_when_set_and_close_kills_and_removes():
   shares = cpu_shares.CpuShares()
   try:
     path = shares.make('boot')
@@ -74,19 +75,53 @@ def test_a_share_held_later_holds_from_then_and_close_removes_it():
   assert not os.path.exists(path)
 
 
-def run_scaling(tmp_path, *args, timeout=600):
-  return run_in_group(
+def start_scaling(tmp_path, *flags, output=subprocess.PIPE):
+  """Starts tools/scaling_run.py in a session of its own."""
+  return subprocess.Popen(
       [sys.executable, SCALING, '--work_dir=%s' % (tmp_path / 'work')] +
-      list(args), timeout)
+      list(flags), stdout=output, stderr=subprocess.STDOUT, text=True,
+      start_new_session=True)
+
+
+def end(proc):
+  """Kills the run's group if it still runs, reaps it, and removes what a
+  killed run left (so a failing test leaks no cgroup or namespace)."""
+  if proc.poll() is None:
+    os.killpg(proc.pid, signal.SIGKILL)
+  proc.wait()
+  machines.sweep()
+
+
+def processes_naming(text):
+  """The PIDs of live processes whose command line holds text."""
+  found = []
+  for pid in os.listdir('/proc'):
+    try:
+      with open('/proc/%s/cmdline' % pid, 'rb') as f:
+        if text.encode() in f.read():
+          found.append(int(pid))
+    except (OSError, ValueError):
+      pass
+  return [p for p in found if p != os.getpid()]
+
+
+def can_unshare():
+  return subprocess.run(['unshare', '--user', 'true'],
+                        capture_output=True).returncode == 0
 
 
 @pytest.mark.parametrize('why', ['not_root', 'share_too_large',
                                  'too_many_machines', 'bad_mode'])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, tiny_data, why):
   cores = machines.host_cores()
+  if why == 'not_root' and not can_unshare():
+    pytest.skip('unshare --user is not allowed here')
+  # Machines of half a core: one fits a core (0.85 of it is lent), so
+  # twice as many workers as cores and a ps need 3 a core on some core.
   flags = {'not_root': [],
            'share_too_large': ['--share=1.5'],
-           'too_many_machines': ['--workers=1,8', '--share=0.5'],
+           'too_many_machines': ['--workers=1,%d' % (2 * cores),
+                                 '--share=0.5'],
            'bad_mode': ['--modes=sync,lockstep']}[why]
   # A user namespace of its own: the tool runs as nobody (65534), without
   # root's privileges on this host.
@@ -100,12 +135,12 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, tiny_data, why):
   assert {'not_root': 'run it with sudo',
           'share_too_large': "--share=1.5: a machine is held to a share of "
                              "one of this host's %d cores" % cores,
-          # 9 machines on 2 cores: 5 on one, 2.5 cores of its 1.
-          'too_many_machines': '9 machines of 0.5 cores need %d a core' % (
-              -(-9 // cores)),
+          'too_many_machines': '%d machines of 0.5 cores need %d a core' % (
+              2 * cores + 1, -(-(2 * cores + 1) // cores)),
           'bad_mode': 'got lockstep'}[why] in lines[0]
   assert not (tmp_path / 'work').exists() or not os.listdir(
       tmp_path / 'work')
+  machines.sweep()  # Had it started machines after all.
 
 
 def leftovers(pid):
@@ -113,29 +148,23 @@ def leftovers(pid):
 
 
 def test_a_failed_run_leaves_no_cgroup_namespace_or_process(tmp_path):
-  # No data: the trainer exits 1 at its start, the run with it.
-  proc = subprocess.Popen(
-      [sys.executable, SCALING, '--data_dir=%s' % (tmp_path / 'none'),
-       '--work_dir=%s' % (tmp_path / 'work'), '--quick'],
-      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-      start_new_session=True)
+  # No data: the trainer exits 2 at its start, the run with it.
+  proc = start_scaling(tmp_path, '--data_dir=%s' % (tmp_path / 'none'),
+                       '--quick')
   try:
     out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out
+    assert 'one_process: worker0 exited with 2 (Error: data directory' in out
+    assert not leftovers(proc.pid)
+    assert not processes_naming(str(tmp_path / 'work'))
   finally:
-    os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
-  assert proc.returncode == 1, out
-  assert 'one_process: worker0 exited with 2 (Error: data directory' in out
-  assert not leftovers(proc.pid)
+    end(proc)
 
 
 @pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupted_run_leaves_no_cgroup_namespace_or_process(
     tmp_path, tiny_data, signum):
-  proc = subprocess.Popen(
-      [sys.executable, SCALING, '--data_dir=' + tiny_data,
-       '--work_dir=%s' % (tmp_path / 'work'), '--quick'],
-      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-      start_new_session=True)
+  proc = start_scaling(tmp_path, '--data_dir=' + tiny_data, '--quick')
   tasks = []
   try:
     # Interrupted once its first machine runs the trainer.
@@ -146,33 +175,39 @@ def test_an_interrupted_run_leaves_no_cgroup_namespace_or_process(
     wait_until(running, 120, 'a task in its machine', None)
     proc.send_signal(signum)
     out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signum, out
+    assert not leftovers(proc.pid)
+    for pid in tasks:
+      assert not os.path.exists('/proc/%d' % pid) or open(
+          '/proc/%d/stat' % pid).read().split()[2] == 'Z'
+    assert not processes_naming(str(tmp_path / 'work'))
   finally:
-    if proc.poll() is None:
-      os.killpg(proc.pid, signal.SIGKILL)
-      proc.wait()
-  assert proc.returncode == 128 + signum, out
-  assert not leftovers(proc.pid)
-  for pid in tasks:
-    assert not os.path.exists('/proc/%d' % pid) or open(
-        '/proc/%d/stat' % pid).read().split()[2] == 'Z'
+    end(proc)
 
 
+@pytest.mark.alone  # Another test's run would sweep what this one leaves.
 def test_a_killed_runs_machines_are_swept_by_the_next(tmp_path, tiny_data):
-  proc = subprocess.Popen(
-      [sys.executable, SCALING, '--data_dir=' + tiny_data,
-       '--work_dir=%s' % (tmp_path / 'work'), '--quick'],
-      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-      start_new_session=True)
+  proc = start_scaling(tmp_path, '--data_dir=' + tiny_data, '--quick',
+                       output=subprocess.DEVNULL)
   try:
     wait_until(lambda: cpu_shares.owned(proc.pid) and
                network_namespaces.leftovers(proc.pid), 120,
                'its machines', None)
     os.killpg(proc.pid, signal.SIGKILL)
-  finally:
     proc.wait()
-  assert leftovers(proc.pid)  # SIGKILL: it could remove nothing.
-  machines.sweep()
-  assert not leftovers(proc.pid)
+    assert leftovers(proc.pid)  # SIGKILL: it could remove nothing.
+    # The next run removes them first (and then fails: no data).
+    after = start_scaling(tmp_path, '--data_dir=%s' % (tmp_path / 'none'),
+                          '--quick')
+    try:
+      out, _ = after.communicate(timeout=300)
+    finally:
+      end(after)
+    assert re.search(r'^Removed \d+ cgroups and namespaces of an earlier run '
+                     r'that was killed\.$', out, re.M), out
+    assert not leftovers(proc.pid)
+  finally:
+    end(proc)
 
 
 def chief_lines(log):
@@ -184,21 +219,18 @@ def chief_lines(log):
 
 def test_the_quick_scaling_run(tmp_path, tiny_data):
   work = tmp_path / 'work'
-  proc = subprocess.Popen(
-      [sys.executable, SCALING, '--data_dir=' + tiny_data,
-       '--work_dir=%s' % work, '--quick', '--steps=10', '--batch_size=16',
-       # Small machines: steps long enough for the CPU sampler's 0.1 s.
-       '--share=0.1'],
-      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-      start_new_session=True)
+  proc = start_scaling(tmp_path, '--data_dir=' + tiny_data, '--quick',
+                       '--steps=10', '--batch_size=16',
+                       # Small machines: steps long enough for the CPU
+                       # sampler's 0.1 s.
+                       '--share=0.1')
   try:
     out, _ = proc.communicate(timeout=600)
+    left = leftovers(proc.pid)  # Before end() sweeps them.
   finally:
-    if proc.poll() is None:
-      os.killpg(proc.pid, signal.SIGKILL)
-      proc.wait()
+    end(proc)
   assert proc.returncode == 0, out
-  assert not leftovers(proc.pid)
+  assert not left
   results = json.loads((work / 'scaling.json').read_text())
   share = results['share']
   assert share == 0.1
@@ -220,6 +252,8 @@ def test_the_quick_scaling_run(tmp_path, tiny_data):
     # steps allow some slack).
     for task, cores in r['cpu_cores'].items():
       assert cores <= share * 1.3, (task, cores)
+      if task.startswith('worker'):  # Training, not stalled.
+        assert cores >= share * 0.3, (task, cores)
     assert ('| 1 Gbit/s | %d | sync | %d |' % (r['workers'], r['ps'])
             in out)
   assert (work / 'scaling.png').read_bytes()[:4] == b'\x89PNG'

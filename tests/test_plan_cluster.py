@@ -301,6 +301,16 @@ def test_the_at_scale_table_is_the_planners(capsys):
     (['--step_ms=5', '--num_workers=4', '--link_gbit=10', '--ps_cores=0'],
      '--ps_cores must be given and above 0 (got 0.0), e.g. --step_ms=45 '
      '--num_workers=32 --link_gbit=10'),
+    (['--step_ms=5', '--num_workers=4', '--link_gbit=10', '--worker_cores=0'],
+     '--worker_cores must be given and above 0 (got 0.0), e.g. --step_ms=45 '
+     '--num_workers=32 --link_gbit=10'),
+    (['--step_ms=5', '--num_workers=4', '--link_gbit=10', '--step_cv=1.5'],
+     '--step_cv is the spread of the steps over their mean, from 0 up to 1 '
+     '(got 1.5), e.g. 0.1'),
+    (['--at_scale', '--training=async'],
+     "--at_scale prints docs/performance.md's table for its own clusters; "
+     'drop --batch_size/--transfer_dtype/--training/--step_cv, or drop '
+     '--at_scale'),
 ])
 def test_bad_training_and_cores_get_one_line(flags, says):
   code, out = planner(*flags)
@@ -319,5 +329,10 @@ def test_a_plan_with_cores_and_async_in_a_real_process():
   assert "| ps tasks | busiest link's tensors, MB each way per step | ms " \
          "per worker's step | images/s | x 1 ps |" in out
   rows = table_rows(out)
-  for num_ps, _, ms, rate, _ in rows:
-    assert rate == pytest.approx(8 * 32e3 / ms, rel=2e-3)
+  assert [int(r[0]) for r in rows] == [1, 2, 3, 4]
+  # By hand: each worker's step, 272 + its own link (9.915 ms; the push
+  # hides) + (-2.4 + 3.7 P) / 0.12 ms of RPCs, above 1.85 x the ps link
+  # (1 ps: 146.7 ms) and ps 0's 8 x 2.8 / 0.12 = 186.7: 1 ps 292.75 ms,
+  # 2 ps 323.58, 4 ps 385.25.
+  assert [rows[i][2] for i in (0, 1, 3)] == [292.7, 323.6, 385.2]
+  assert rows[0][3] == round(8 * 32e3 / 292.75)
