@@ -129,7 +129,7 @@ FIGURES = [
     ("8 sync workers on machines of their own (the planner's 2 ps; 10 Gbit/s "
      'between 2-core machines), of linear', r'\*\*(0\.\d+)\*\*', {
          'README.md': [r'planner\'s 2 ps reached (0\.\d+) of linear'],
-         ZH: [r'达到线性的 (0\.\d+)（3 轮中位数）']}),
+         ZH: [r'达到线性的 (0\.\d+)（3 轮中位数']}),
     ('the planner on machines of their own: 1-8 workers, sync, a backup, '
      'async, 1 and 10 Gbit/s', r'^(-\d+)%', {
          'README.md': [r'planner was within (-\d+)% to'],

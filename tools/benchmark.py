@@ -33,7 +33,6 @@ runs, and benchmark_report.py turns it all into tables, a plot and JSON.
 
 import argparse
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -213,7 +212,7 @@ def measure(args, *, work, data_dir):
   steps = args.steps or (40 if args.quick else 120)
   rounds = args.rounds or (1 if args.quick else 3)
   flags = ['--num_gpus=%d' % args.num_gpus] if args.num_gpus else []
-  results = {'machine': cpu_model(),
+  results = {'machine': benchmark_report.cpu_model(),
              'cpu_bf16': precision.cpu_bf16_flags(),
              'cores': len(os.sched_getaffinity(0)),
              'tensorflow': tf.__version__, 'batch_size': args.batch_size,
@@ -297,16 +296,6 @@ def measure_networks(args, *, data_dir, work, flags, bytes_):
       steps=args.network_steps or (10 if args.quick else 60))
   benchmark_report.predict_network(network, bytes_)
   return batch_sizes, network
-
-
-def cpu_model():
-  """This machine's CPU, as /proc/cpuinfo names it."""
-  try:
-    with open('/proc/cpuinfo') as f:
-      return next(l.split(':', 1)[1].strip() for l in f
-                  if l.startswith('model name'))
-  except (OSError, StopIteration):
-    return platform.processor() or platform.machine()
 
 
 def startup(training, *, tries):

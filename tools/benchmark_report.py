@@ -8,10 +8,29 @@ starts nothing and needs no TensorFlow.
 """
 
 import json
+import platform
 import statistics
 
 import cpu_profile
 from training import throughput
+
+def cpu_model(cpuinfo='/proc/cpuinfo'):
+  """This machine's CPU as /proc/cpuinfo names it, with its family and
+  model (AMD's family 25 is Zen 3 at model 1, Zen 4 at model 17)."""
+  fields = {}
+  try:
+    with open(cpuinfo) as f:
+      for line in f:
+        key, _, value = line.partition(':')
+        fields.setdefault(key.strip(), value.strip())
+  except OSError:
+    pass
+  name = fields.get('model name') or platform.processor() or (
+      platform.machine())
+  if 'cpu family' in fields and 'model' in fields:
+    name += ' (family %s model %s)' % (fields['cpu family'], fields['model'])
+  return name
+
 
 BASELINE = 'single process'  # What each row's 'x single process' is to.
 PEER_ROW = "TF2's ParameterServerStrategy, 1 ps + 2 workers (async)"

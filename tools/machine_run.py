@@ -7,7 +7,6 @@ lines: the global images/s, each task's CPU, how often its share was
 throttled. Used by tools/scaling_run.py.
 """
 
-import math
 import os
 import statistics
 import sys
@@ -46,9 +45,8 @@ class Run:
              '--batch_size=%d' % self.args.batch_size, '--log_frequency=1',
              '--save_checkpoint_steps=100000000',
              '--save_summaries_steps=100000000',
-             # A machine's thread pools, its share's size.
-             '--intra_op_threads=%d' % max(1, round(self.share)),
-             '--num_preprocess_threads=%d' % max(1, math.ceil(self.share))]
+             # A machine is a share of one core: one thread each.
+             '--intra_op_threads=1', '--num_preprocess_threads=1']
     if self.mode == 'async':
       flags.append('--nosync_replicas')
     if self.mode == 'backup':
@@ -57,7 +55,10 @@ class Run:
 
   def measure(self):
     """Runs it; returns its measurements (a dict)."""
-    delay_ms = (self.args.latency_us / 1e3 * self.args.machine_cores /
+    # A packet between two machines crosses two ends' delays (a sender's
+    # eth0, the bridge's port to the receiver): each is half the one-way
+    # latency, slowed as the machines are.
+    delay_ms = (self.args.latency_us / 1e3 / 2 * self.args.machine_cores /
                 self.share)
     with machines.Machines(cores=self.share, rate_mbit=self.mbit,
                            delay_ms=delay_ms) as hosts:

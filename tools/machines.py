@@ -58,13 +58,10 @@ def sweep():
   theirs (a SIGKILL); returns how many."""
   gone = cpu_shares.sweep()
   names = network_namespaces.ip('netns', 'list') if shutil.which('ip') else ''
-  dead = []
-  for line in names.splitlines():
-    name = line.split()[0] if line.split() else ''
-    if name.startswith('c10t') and name[4:].split('-')[0].isdigit():
-      owner = int(name[4:].split('-')[0])
-      if not cpu_shares.alive(owner):
-        dead.append(name)
+  owners = {l.split()[0]: network_namespaces.owner(l.split()[0])
+            for l in names.splitlines() if l.strip()}
+  dead = [n for n, pid in owners.items()
+          if pid is not None and not cpu_shares.alive(pid)]
   network_namespaces.delete(dead)
   return len(gone) + len(dead)
 

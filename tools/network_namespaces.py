@@ -45,6 +45,12 @@ def prefix(pid):
   return 'c10t%d-' % pid
 
 
+def owner(name):
+  """The PID of the process that made namespace name (None: not ours)."""
+  pid = name[len('c10t'):].split('-')[0] if name.startswith('c10t') else ''
+  return int(pid) if pid.isdigit() else None
+
+
 def can_delay():
   """Whether this kernel has netem, which delays a link's packets."""
   name = 'c10probe%d' % os.getpid()

@@ -23,7 +23,7 @@ def predicted(*, step_ms, step_cv, mode, num_workers, num_ps, mbit, share,
   """The planner's images/s for a point."""
   return throughput.predict_images_per_sec(
       step_ms=step_ms, model_bytes=plan_cluster.network_bytes(),
-      share=plan_cluster.largest_shares(num_ps)[num_ps],
+      share=plan_cluster.largest_shares(16)[num_ps],
       num_workers=num_workers, num_ps=num_ps, mbit=mbit,
       batch_size=batch_size, mode=mode, worker_cores=share, ps_cores=share,
       step_cv=step_cv)
@@ -49,14 +49,6 @@ def write_report(args, results):
   print('Wrote %s, %s and %s' % (out_path, os.path.join(
       args.work_dir, 'scaling.md'), args.plot))
   return 0
-
-
-def cpu_name():
-  with open('/proc/cpuinfo') as f:
-    for line in f:
-      if line.startswith('model name'):
-        return line.split(':', 1)[1].strip()
-  return 'unknown'
 
 
 def summary(results):
@@ -135,14 +127,14 @@ def plot(results, path):
           fewest.setdefault(p['workers'], []).append(p)
       if not fewest:
         continue
-      for label, pick in (('', max), (', one fewer ps', min)):
-        chosen = [pick(ps, key=lambda p: p['ps']) for _, ps in
-                  sorted(fewest.items())]
-        if label and all(len(ps) < 2 for ps in fewest.values()):
+      # The planner's ps count (the most run), and sync's one fewer.
+      counts = [ps for _, ps in sorted(fewest.items())]
+      for label, chosen in (
+          ('', [max(ps, key=lambda p: p['ps']) for ps in counts]),
+          (', one fewer ps', [min(ps, key=lambda p: p['ps'])
+                              for ps in counts if len(ps) > 1])):
+        if not chosen:
           continue
-        if label:
-          chosen = [min(ps, key=lambda p: p['ps']) for _, ps in
-                    sorted(fewest.items()) if len(ps) > 1]
         xs = [p['workers'] for p in chosen]
         med = [statistics.median(p['rates']) for p in chosen]
         err = [[m - min(p['rates']) for m, p in zip(med, chosen)],

@@ -34,9 +34,11 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, 'scripts'))  # The planner.
+import benchmark_report  # pylint: disable=g-import-not-at-top,wrong-import-position
 from elastic_run import int_list  # pylint: disable=g-import-not-at-top,wrong-import-position
 from machine_run import Run, TaskFailed  # pylint: disable=g-import-not-at-top,wrong-import-position
 import machines  # pylint: disable=g-import-not-at-top,wrong-import-position
+import network_namespaces  # pylint: disable=g-import-not-at-top,wrong-import-position
 import plan_cluster  # pylint: disable=g-import-not-at-top,wrong-import-position
 import scaling_report  # pylint: disable=g-import-not-at-top,wrong-import-position
 from training import process  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -65,9 +67,9 @@ def make_parser():
                       help='the cores of the machines the runs stand for '
                       '(default: this host\'s, %(default)s)')
   parser.add_argument('--share', type=float,
-                      help='cores of this host each machine gets (default: '
-                      'the most that fits the largest run: the workers and '
-                      'the ps tasks the planner chooses)')
+                      help='the share of one host core each machine gets '
+                      '(default: the most that fits the largest run: the '
+                      'workers and the ps tasks the planner chooses)')
   parser.add_argument('--latency_us', type=float, default=0.0,
                       help='one-way latency of the links the runs stand for, '
                       'us (emulated times machine_cores / share; needs '
@@ -133,7 +135,7 @@ def usage_problem(args):
     return '--rounds, --steps and --batch_size must be at least 1'
   if args.latency_us < 0 or args.machine_cores <= 0:
     return '--latency_us must be 0 or more, --machine_cores above 0'
-  if args.latency_us and not network_delay_possible():
+  if args.latency_us and not network_namespaces.can_delay():
     return ('--latency_us needs netem (sch_netem), which this kernel lacks; '
             'leave --latency_us out')
   cores = machines.host_cores()
@@ -144,11 +146,6 @@ def usage_problem(args):
   if not machines.fits(fewest, args.share or 0.01):
     return too_many(fewest, args.share)
   return None
-
-
-def network_delay_possible():
-  import network_namespaces  # pylint: disable=g-import-not-at-top
-  return network_namespaces.can_delay()
 
 
 def too_many(tasks, share):
@@ -254,7 +251,8 @@ def measure_all(args):
              'batch_size': args.batch_size,
              'one_process_step_ms': one['chief_step_ms'],
              'one_process_step_cv': one['step_cv'],
-             'host_cores': machines.host_cores(), 'cpu': scaling_report.cpu_name(),
+             'host_cores': machines.host_cores(),
+             'cpu': benchmark_report.cpu_model(),
              'latency_us': args.latency_us, 'runs': []}
   print('A step of %.0f ms (spread %.2f); %d runs a round, %d rounds.' % (
       one['chief_step_ms'], one['step_cv'], len(todo), args.rounds),
@@ -266,12 +264,12 @@ def measure_all(args):
       print('Round %d of %d, run %d of %d: %d worker%s, %s, %d ps, %g Gbit/s '
             '(%.0f Mbit/s here)...' % (r + 1, args.rounds, i, len(todo), w,
                                        's' * (w > 1), mode, ps, gbit, mbit),
-            end=' ', flush=True)
+            flush=True)
       measured = Run(args=args, name=name, num_workers=w, num_ps=ps,
                      mode=mode, mbit=mbit, share=share).measure()
       measured.update(round=r, gbit=gbit, workers=w, mode=mode, ps=ps,
                       mbit=mbit)
-      print('%.1f images/s' % measured['images_per_sec'], flush=True)
+      print('  %.1f images/s' % measured['images_per_sec'], flush=True)
       results['runs'].append(measured)
       with open(out_path, 'w') as f:
         json.dump(results, f, indent=1)
@@ -289,21 +287,22 @@ def check_shares(args):
   for r in range(args.rounds):
     for i, (name, cores, held) in enumerate(cases):
       print('Round %d of %d: one process, %s...' % (r + 1, args.rounds, name),
-            end=' ', flush=True)
+            flush=True)
       rate = Run(args=args, name='shares_r%d_%d' % (r, i), num_workers=1,
                  num_ps=0, mode='sync', mbit=None, share=cores,
                  held=held).measure()['images_per_sec']
       rates[name].append(rate / cores)
-      print('%.1f images/s a core' % (rate / cores), flush=True)
+      print('  %.1f images/s a core' % (rate / cores), flush=True)
   base = rates[cases[0][0]]
   out = ['| one process on one core | images/s a core | x no quota, by round |',
          '|---|---|---|']
   for name, _, _ in cases:
-    out.append('| %s | %s | %s |' % (name, scaling_report.spread(rates[name], 1), scaling_report.spread(
-        [a / b for a, b in zip(rates[name], base)], 3)))
+    out.append('| %s | %s | %s |' % (
+        name, scaling_report.spread(rates[name], 1),
+        scaling_report.spread([a / b for a, b in zip(rates[name], base)], 3)))
   print('\n'.join(out))
   with open(os.path.join(args.work_dir, 'shares.json'), 'w') as f:
-    json.dump({'cpu': scaling_report.cpu_name(), 'rates_a_core': rates,
+    json.dump({'cpu': benchmark_report.cpu_model(), 'rates_a_core': rates,
                'batch_size': args.batch_size}, f, indent=1)
   return 0
 
