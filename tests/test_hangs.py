@@ -108,8 +108,10 @@ def test_a_straggler_is_set_aside_and_taken_back(procs, tiny_data,
                                                  tmp_path):
   train_dir = str(tmp_path / 'train')
   recovered = str(tmp_path / 'recovered')
+  # Its steps take three times their time: on a loaded machine several
+  # seconds without a step, which is a straggler's, not a lost worker's.
   flags = cluster_flags(tiny_data, train_dir, num_workers=3) + [
-      '--max_steps=100000'] + LOST
+      '--max_steps=100000', '--lost_worker_secs=60', '--wait_report_secs=2']
   workers = hosts(flags, 'worker_hosts')
   start_sync_cluster(procs, flags, fault2=STRAGGLER % recovered, paced=False)
   aside = re.compile(
