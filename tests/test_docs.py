@@ -126,9 +126,9 @@ FIGURES = [
         'README.md': [r'3 runs: (0\.\d+-0\.\d+)'],
         ZH: [r'3 次：(0\.\d+-0\.\d+)'],
         'docs/data.md': [r'3 runs: (0\.\d+-0\.\d+)']}),
-    ("8 sync workers on machines of their own (the planner's 2 ps; 10 Gbit/s "
+    ("8 sync workers on machines of their own (the planner's 1 ps; 10 Gbit/s "
      'between 2-core machines), of linear', r'\*\*(0\.\d+)\*\*', {
-         'README.md': [r'planner\'s 2 ps reached (0\.\d+) of linear'],
+         'README.md': [r'planner\'s 1 ps reached (0\.\d+) of linear'],
          ZH: [r'达到线性的 (0\.\d+)（3 轮中位数']}),
     ('the planner on machines of their own: 1-8 workers, sync, a backup, '
      'async, 1 and 10 Gbit/s', r'^(-\d+)%', {
@@ -136,7 +136,7 @@ FIGURES = [
          ZH: [r'误差在 (-\d+)% 到']}),
     ('the planner on machines of their own: 1-8 workers, sync, a backup, '
      'async, 1 and 10 Gbit/s', r'^-\d+% to \+(\d+)%', {
-         'README.md': [r'to \+(\d+)% of 41'], ZH: [r'到 \+(\d+)% 之间']}),
+         'README.md': [r'to \+(\d+)% of 25'], ZH: [r'到 \+(\d+)% 之间']}),
     ('the test suite', r'about (\d+) minutes', {
         'README.md': [r'Run the tests, two at a time \(about (\d+) minutes'],
         ZH: [r'Intel Xeon 上约 (\d+) 分钟'],

@@ -4,7 +4,7 @@ Reads the runs tools/scaling_run.py measured (scaling.json): each point's
 median images/s and spread over the rounds, its efficiency against linear
 (the workers times 1 worker + 1 ps in the same round), and the planner's
 prediction (training/throughput.py) from one process's step on one
-machine; writes the Markdown table and the figure of images/s against
+machine (the median of the rounds'); writes the Markdown table and the figure of images/s against
 workers.
 """
 
@@ -32,10 +32,10 @@ def predicted(*, step_ms, step_cv, mode, num_workers, num_ps, mbit, share,
 def write_report(args, results):
   """Adds the planner's prediction to each run, writes the JSON, the
   table and the figure."""
+  step_ms, step_cv = one_process(results)
   for run in results['runs']:
     run['planner'] = predicted(
-        step_ms=results['one_process_step_ms'],
-        step_cv=results.get('one_process_step_cv', 0.0), mode=run['mode'],
+        step_ms=step_ms, step_cv=step_cv, mode=run['mode'],
         num_workers=run['workers'], num_ps=run['ps'], mbit=run['mbit'],
         share=results['share'], batch_size=results['batch_size'])
   out_path = os.path.join(args.work_dir, 'scaling.json')
@@ -49,6 +49,13 @@ def write_report(args, results):
   print('Wrote %s, %s and %s' % (out_path, os.path.join(
       args.work_dir, 'scaling.md'), args.plot))
   return 0
+
+
+def one_process(results):
+  """(step ms, its spread) of one process on one machine, the medians of
+  the rounds' (the planner's input)."""
+  return (statistics.median(results['one_process_steps_ms']),
+          statistics.median(results['one_process_step_cvs']))
 
 
 def summary(results):
@@ -84,11 +91,11 @@ def spread(values, digits):
 def report(results):
   """The runs as a Markdown table: a row a point."""
   out = ['Machines of %g cores of a %d-core %s, standing for machines of %g '
-         "cores; batch %d; one process's step on one machine %.0f ms; "
+         "cores; batch %d; one process's step on one machine %s ms; "
          'rounds: %d.' % (
              results['share'], results['host_cores'], results['cpu'],
              results['machine_cores'], results['batch_size'],
-             results['one_process_step_ms'],
+             spread(results['one_process_steps_ms'], 0),
              max(r['round'] for r in results['runs']) + 1), '',
          '| link | workers | training | ps | images/s | of linear | the '
          'planner | its error |', '|---|---|---|---|---|---|---|---|']

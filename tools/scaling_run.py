@@ -13,7 +13,8 @@ Each point is the global images/s of the steady state (the chief's global
 steps over --steps of its steps, counted once every machine has stepped,
 times the examples an update takes); its efficiency is against linear: W
 times 1 worker + 1 ps, synchronous, in the same round. Beside it, the
-planner's prediction from one process's step on one machine:
+planner's prediction from one process's step on one machine (measured at
+the start of each round, the median: it moves from run to run):
 
   sudo python3 tools/scaling_run.py --data_dir=./synthetic-cifar-10-batches-bin \\
       --work_dir=/tmp/scaling
@@ -177,9 +178,9 @@ def points(args, ps_counts):
   for gbit in args.link_gbit:
     for w in args.workers:
       for mode in args.modes:
-        fewest = ps_counts[(gbit, w, mode)]
-        if mode == 'backup' and w < 2:
+        if mode == 'backup' and w < 2:  # A backup needs 2 workers.
           continue
+        fewest = ps_counts[(gbit, w, mode)]
         for ps in (fewest, fewest - 1) if mode == 'sync' else (fewest,):
           if ps >= 1:
             out.append((gbit, w, mode, ps))
@@ -223,7 +224,7 @@ def plan_runs(args, share):
       plan_cluster.network_bytes(), 4, mode=m, worker_cores=share,
       ps_cores=share, step_cv=one['step_cv']))
                    for g in args.link_gbit for w in args.workers
-                   for m in args.modes}
+                   for m in args.modes if w > 1 or m != 'backup'}
 
 
 def measure_all(args):
@@ -249,8 +250,8 @@ def measure_all(args):
   todo = points(args, ps_counts)
   results = {'share': share, 'machine_cores': args.machine_cores,
              'batch_size': args.batch_size,
-             'one_process_step_ms': one['chief_step_ms'],
-             'one_process_step_cv': one['step_cv'],
+             'one_process_steps_ms': [one['chief_step_ms']],
+             'one_process_step_cvs': [one['step_cv']],
              'host_cores': machines.host_cores(),
              'cpu': benchmark_report.cpu_model(),
              'latency_us': args.latency_us, 'runs': []}
@@ -258,6 +259,11 @@ def measure_all(args):
       one['chief_step_ms'], one['step_cv'], len(todo), args.rounds),
         flush=True)
   for r in range(args.rounds):
+    if r:  # The planner's step again, as the machine is in this round.
+      again = Run(args=args, name='r%d_one_process' % r, num_workers=1,
+                  num_ps=0, mode='sync', mbit=None, share=share).measure()
+      results['one_process_steps_ms'].append(again['chief_step_ms'])
+      results['one_process_step_cvs'].append(again['step_cv'])
     for i, (gbit, w, mode, ps) in enumerate(todo, 1):
       mbit = link_mbit(gbit, args, share)
       name = 'r%d_%gg_%dw_%s_%dps' % (r, gbit, w, mode, ps)

@@ -31,27 +31,31 @@ WIRE_OVERHEAD = 1.033
 BUSIEST_LINK_EXTRA = 0.3
 OWN_LINK_FACTOR = 1.0
 HIDDEN_SHARE = 0.58
+# Where the machines' cores are given, the compute fills them: a push's
+# own gRPC work waits for the compute, and the own link costs this many
+# times its bytes beside the pull (fitted with the RPCs' CPU below).
+BUSY_OWN_LINK_FACTOR = 1.69
 # The CPU of a step's RPCs, core-ms, where the machines' cores are given
 # (--worker_cores, --ps_cores). A worker: SYNC_RPC_MS a synchronous step
-# (its token, the accumulators), ASYNC_RPC_MS an asynchronous one (below 0:
-# the update and the moving averages one process computes run on the ps),
-# and PS_RPC_MS for each ps it reads from and writes to. Ps 0, which holds
+# (its token, the accumulators), ASYNC_RPC_MS an asynchronous one, and
+# PS_RPC_MS for each ps it reads from and writes to. Ps 0, which holds
 # the global step and the token queue, whatever its share of the bytes:
 # PS_WORKER_MS a worker's synchronous step, PS_UPDATE_MS an update,
 # PS_ASYNC_MS an asynchronous step. A task's RPCs and its compute share its
-# cores (as on a machine whose cores are all busy). Fitted to 41 points of
-# machines of their own, 1-8 workers, 1-5 ps (tools/scaling_run.py,
-# docs/performance.md#scaling), with the barrier (sync_parts).
-SYNC_RPC_MS = 0.8
-ASYNC_RPC_MS = -2.4
-PS_RPC_MS = 3.7
-PS_WORKER_MS = 2.9
-PS_UPDATE_MS = 6.0
-PS_ASYNC_MS = 2.8
+# cores (as on a machine whose cores are all busy). Fitted to the 25
+# points of machines of their own kept to one core each, 1-8 workers, 1-5
+# ps (tools/scaling_run.py, docs/performance.md#scaling), with the barrier
+# (sync_parts).
+SYNC_RPC_MS = 2.1
+ASYNC_RPC_MS = 2.4
+PS_RPC_MS = 4.4
+PS_WORKER_MS = 3.2
+PS_UPDATE_MS = 15.1
+PS_ASYNC_MS = 4.5
 # Asynchronous pulls and pushes cross the busiest link at once, in both
 # directions, from every worker: it carries its bytes this many times more
 # slowly than one stream.
-ASYNC_LINK_FACTOR = 1.85
+ASYNC_LINK_FACTOR = 2.43
 
 
 def busiest_bytes(model_bytes, share, num_workers, dtype_bytes=4):
@@ -75,7 +79,7 @@ def link_ms(model_bytes, share, num_workers, mbit, dtype_bytes=4):
 
 
 def predict_step_ms(step_ms, model_bytes, share, num_workers, mbit,
-                    dtype_bytes=4):
+                    dtype_bytes=4, own_link_factor=OWN_LINK_FACTOR):
   """Predicts a synchronous step, ms: step_ms, the pull, and what of the
   push does not hide beside the step (see BUSIEST_LINK_EXTRA).
 
@@ -86,10 +90,12 @@ def predict_step_ms(step_ms, model_bytes, share, num_workers, mbit,
     num_workers: Workers (all synchronous).
     mbit: Every task's link rate, Mbit/s.
     dtype_bytes: Bytes per value on the wire (2: --transfer_dtype=bfloat16).
+    own_link_factor: What the push costs on the worker's own link, times
+      its bytes (BUSY_OWN_LINK_FACTOR where the compute fills the cores).
   """
   busiest = link_ms(model_bytes, share, num_workers, mbit, dtype_bytes)
   own = transfer_ms(model_bytes * dtype_bytes / 4.0, mbit)
-  push = BUSIEST_LINK_EXTRA * busiest + OWN_LINK_FACTOR * own
+  push = BUSIEST_LINK_EXTRA * busiest + own_link_factor * own
   return step_ms + busiest + max(0.0, push - HIDDEN_SHARE * step_ms)
 
 
@@ -118,9 +124,10 @@ def sync_parts(*, step_ms, model_bytes, share, num_workers, num_ps, mbit,
   'barrier' (the wait for the slowest worker, or with a backup for the
   second slowest), and 'ps 0' (how long its CPU for the update takes; the
   update takes at least that)."""
+  own = BUSY_OWN_LINK_FACTOR if worker_cores else OWN_LINK_FACTOR
   parts = {'compute': step_ms,
            'bytes': predict_step_ms(step_ms, model_bytes, share, num_workers,
-                                    mbit, dtype_bytes) - step_ms,
+                                    mbit, dtype_bytes, own) - step_ms,
            'RPCs': 0.0, 'ps 0': 0.0,
            'barrier': step_cv * step_ms * expected_order(
                num_workers - (mode == 'backup'), num_workers)}
@@ -154,8 +161,9 @@ def predict_images_per_sec(*, step_ms, model_bytes, share, num_workers,
     # turn.
     rpc = (ASYNC_RPC_MS + PS_RPC_MS * num_ps) / worker_cores if (
         worker_cores) else 0.0
+    own = BUSY_OWN_LINK_FACTOR if worker_cores else OWN_LINK_FACTOR
     cycle = max(predict_step_ms(step_ms, model_bytes, share, 1, mbit,
-                                dtype_bytes) + rpc,
+                                dtype_bytes, own) + rpc,
                 ASYNC_LINK_FACTOR * link_ms(model_bytes, share, num_workers,
                                             mbit, dtype_bytes),
                 num_workers * PS_ASYNC_MS / ps_cores if ps_cores else 0.0)
