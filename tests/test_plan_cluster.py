@@ -268,6 +268,13 @@ def test_the_rpc_and_ps_terms_by_hand():
           4 * 32e3 / 464.874, rel=1e-4)
   assert throughput.predict_images_per_sec(**slow) == pytest.approx(
       4 * 32e3 / 410.827, rel=1e-4)
+  # One asynchronous worker there: its own link is the ps's, 59.488 ms; its
+  # push 0.3 x 59.488 + 1.69 x 59.488 - 58 = 60.381 (1.0: 19.335); with (2.4
+  # + 4.4) / 0.5 = 13.6 of RPCs 233.470 ms, above 2.43 x 59.488 = 144.56
+  # and ps 0's 4.5 / 0.5 = 9.
+  assert throughput.predict_images_per_sec(
+      worker_cores=0.5, ps_cores=0.5, mode='async',
+      **dict(slow, num_workers=1)) == pytest.approx(32e3 / 233.470, rel=1e-4)
 
 
 def test_the_expected_slowest_of_n():
