@@ -260,4 +260,3 @@ def test_the_quick_scaling_run(tmp_path, tiny_data):
     assert ('| 1 Gbit/s | %d | sync | %d |' % (r['workers'], r['ps'])
             in out)
   assert (work / 'scaling.png').read_bytes()[:4] == b'\x89PNG'
-

@@ -4,8 +4,8 @@ Reads the runs tools/scaling_run.py measured (scaling.json): each point's
 median images/s and spread over the rounds, its efficiency against linear
 (the workers times 1 worker + 1 ps in the same round), and the planner's
 prediction (training/throughput.py) from one process's step on one
-machine (the median of the rounds'); writes the Markdown table and the figure of images/s against
-workers.
+machine (the median of the rounds'); writes the Markdown table and the
+figure of images/s against workers.
 """
 
 import json

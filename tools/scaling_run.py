@@ -171,15 +171,25 @@ def link_mbit(gbit, args, share):
   return gbit * 1000 * share / args.machine_cores
 
 
+def modes_for(args, workers):
+  """The --modes a run of `workers` workers can have: a backup needs 2."""
+  return [m for m in args.modes if workers > 1 or m != 'backup']
+
+
+def one_process(args, share, name):
+  """One process's step on one machine of share cores (Run.measure's
+  result): the planner's input."""
+  return Run(args=args, name=name, num_workers=1, num_ps=0, mode='sync',
+             mbit=None, share=share).measure()
+
+
 def points(args, ps_counts):
   """[(gbit, workers, mode, ps)] of the runs, as run in each round:
   ps_counts {(gbit, workers, mode): the planner's ps count}."""
   out = []
   for gbit in args.link_gbit:
     for w in args.workers:
-      for mode in args.modes:
-        if mode == 'backup' and w < 2:  # A backup needs 2 workers.
-          continue
+      for mode in modes_for(args, w):
         fewest = ps_counts[(gbit, w, mode)]
         for ps in (fewest, fewest - 1) if mode == 'sync' else (fewest,):
           if ps >= 1:
@@ -216,15 +226,14 @@ def plan_runs(args, share):
   (the step, ms; {(gbit, workers, mode): the planner's ps count})."""
   print('One process on one machine of %g cores, for the planner...' % share,
         flush=True)
-  one = Run(args=args, name='one_process', num_workers=1, num_ps=0,
-            mode='sync', mbit=None, share=share).measure()
+  one = one_process(args, share, 'one_process')
   return one, {(g, w, m): plan_cluster.fewest_within(plan_cluster.plan(
       one['chief_step_ms'], w, link_mbit(g, args, share),
       plan_cluster.largest_shares(16), args.batch_size,
       plan_cluster.network_bytes(), 4, mode=m, worker_cores=share,
       ps_cores=share, step_cv=one['step_cv']))
                    for g in args.link_gbit for w in args.workers
-                   for m in args.modes if w > 1 or m != 'backup'}
+                   for m in modes_for(args, w)}
 
 
 def measure_all(args):
@@ -260,8 +269,7 @@ def measure_all(args):
         flush=True)
   for r in range(args.rounds):
     if r:  # The planner's step again, as the machine is in this round.
-      again = Run(args=args, name='r%d_one_process' % r, num_workers=1,
-                  num_ps=0, mode='sync', mbit=None, share=share).measure()
+      again = one_process(args, share, 'r%d_one_process' % r)
       results['one_process_steps_ms'].append(again['chief_step_ms'])
       results['one_process_step_cvs'].append(again['step_cv'])
     for i, (gbit, w, mode, ps) in enumerate(todo, 1):

@@ -99,6 +99,12 @@ def predict_step_ms(step_ms, model_bytes, share, num_workers, mbit,
   return step_ms + busiest + max(0.0, push - HIDDEN_SHARE * step_ms)
 
 
+def own_link_factor(worker_cores):
+  """What a push costs on a worker's own link, times its bytes: more where
+  the machine's cores are given (its compute fills them)."""
+  return BUSY_OWN_LINK_FACTOR if worker_cores else OWN_LINK_FACTOR
+
+
 @functools.lru_cache(maxsize=None)
 def expected_order(k, n):
   """The mean of the k-th smallest of n standard normal draws (k = n: the
@@ -124,10 +130,10 @@ def sync_parts(*, step_ms, model_bytes, share, num_workers, num_ps, mbit,
   'barrier' (the wait for the slowest worker, or with a backup for the
   second slowest), and 'ps 0' (how long its CPU for the update takes; the
   update takes at least that)."""
-  own = BUSY_OWN_LINK_FACTOR if worker_cores else OWN_LINK_FACTOR
   parts = {'compute': step_ms,
            'bytes': predict_step_ms(step_ms, model_bytes, share, num_workers,
-                                    mbit, dtype_bytes, own) - step_ms,
+                                    mbit, dtype_bytes,
+                                    own_link_factor(worker_cores)) - step_ms,
            'RPCs': 0.0, 'ps 0': 0.0,
            'barrier': step_cv * step_ms * expected_order(
                num_workers - (mode == 'backup'), num_workers)}
@@ -161,9 +167,9 @@ def predict_images_per_sec(*, step_ms, model_bytes, share, num_workers,
     # turn.
     rpc = (ASYNC_RPC_MS + PS_RPC_MS * num_ps) / worker_cores if (
         worker_cores) else 0.0
-    own = BUSY_OWN_LINK_FACTOR if worker_cores else OWN_LINK_FACTOR
     cycle = max(predict_step_ms(step_ms, model_bytes, share, 1, mbit,
-                                dtype_bytes, own) + rpc,
+                                dtype_bytes, own_link_factor(worker_cores))
+                + rpc,
                 ASYNC_LINK_FACTOR * link_ms(model_bytes, share, num_workers,
                                             mbit, dtype_bytes),
                 num_workers * PS_ASYNC_MS / ps_cores if ps_cores else 0.0)
