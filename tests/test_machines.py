@@ -220,7 +220,8 @@ def chief_lines(log):
 def test_the_quick_scaling_run(tmp_path, tiny_data):
   work = tmp_path / 'work'
   proc = start_scaling(tmp_path, '--data_dir=' + tiny_data, '--quick',
-                       '--steps=10', '--batch_size=16',
+                       '--steps=10', '--one_process_steps=12',
+                       '--batch_size=16',
                        # Small machines: steps long enough for the CPU
                        # sampler's 0.1 s.
                        '--share=0.1')
@@ -237,6 +238,11 @@ def test_the_quick_scaling_run(tmp_path, tiny_data):
   # One round: one process's step measured once, before it, for the planner.
   assert len(results['one_process_steps_ms']) == 1
   assert len(results['one_process_step_cvs']) == 1
+  # Its step: the mean over a window of --one_process_steps of its steps.
+  lines = chief_lines(work / 'one_process-worker0.log')
+  step_s = results['one_process_steps_ms'][0] / 1e3
+  assert any(b[1] - a[1] == 12 and b[0] - a[0] == pytest.approx(12 * step_s)
+             for a, b in zip(lines, lines[12:]))
   runs = results['runs']
   # 1 and 2 synchronous workers on the first link, once; 1 worker + 1 ps,
   # the baseline of linear, among them.

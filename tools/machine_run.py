@@ -27,13 +27,14 @@ class TaskFailed(Exception):
 
 
 class Run:
-  """One training run, its tasks each on a machine, until --steps."""
+  """One training run, its tasks each on a machine, for a window of steps."""
 
   def __init__(self, *, args, name, num_workers, num_ps, mode, mbit, share,
-               held=True):
+               held=True, steps=None):
     """Args: share: each machine's cores; held: False leaves the machines
-    the whole of their core, no quota (--check_shares' baseline)."""
-    self.args, self.name = args, name
+    the whole of their core, no quota (--check_shares' baseline); steps:
+    the chief's steps measured (default --steps)."""
+    self.args, self.name, self.steps = args, name, steps or args.steps
     self.num_workers, self.num_ps, self.mode = num_workers, num_ps, mode
     self.mbit, self.share, self.held = mbit, share, held
 
@@ -117,12 +118,12 @@ class Run:
       chief = lines['worker0']
       if opened is None and len(held) == len(procs):
         opened = len(chief) + SETTLE_STEPS
-      if opened is not None and len(chief) >= opened + self.args.steps + 1:
+      if opened is not None and len(chief) >= opened + self.steps + 1:
         break
       if opened is not None and len(chief) >= opened and not throttled:
         throttled = {n: hosts.throttled(n) for n in procs}
       time.sleep(POLL_SECS)
-    window = chief[opened:opened + self.args.steps + 1]
+    window = chief[opened:opened + self.steps + 1]
     (t0, g0), (t1, g1) = window[0], window[-1]
     per_update = self.args.batch_size * (
         1 if self.mode == 'async' else

@@ -21,7 +21,8 @@ the start of each round, the median: it moves from run to run):
 
 --quick runs 1 and 2 synchronous workers on one link once. Writes
 WORK_DIR/scaling.json (after each run), WORK_DIR/scaling.md and the plot
-(--plot, default WORK_DIR/scaling.png). Needs root. Every cgroup and
+(--plot, default WORK_DIR/scaling.png); --report_only writes them again
+with the planner's current model, --pool from several runs' rounds. Needs root. Every cgroup and
 namespace it makes is removed at its end, also on an error, Ctrl-C or
 SIGTERM; those of an earlier run killed with SIGKILL at its start.
 """
@@ -78,6 +79,11 @@ def make_parser():
   parser.add_argument('--rounds', type=int, default=3)
   parser.add_argument('--steps', type=int, default=30,
                       help="the chief's steps measured in each run")
+  parser.add_argument('--one_process_steps', type=int, default=120,
+                      help="the steps of one process's window, the "
+                      "planner's input: at a fraction of a core steps run "
+                      'in phases of seconds, which a short window catches '
+                      'one of (default: %(default)s)')
   parser.add_argument('--batch_size', type=int, default=32)
   parser.add_argument('--quick', action='store_true',
                       help='1 and 2 synchronous workers, the first link, '
@@ -93,6 +99,10 @@ def make_parser():
                       help="make the table and the figure again from "
                       "WORK_DIR/scaling.json, with the planner's current "
                       'model; runs nothing')
+  parser.add_argument('--pool',
+                      help='with --report_only: the rounds of the runs in '
+                      'these folders (separated by commas) together, '
+                      'written to WORK_DIR')
   return parser
 
 
@@ -112,10 +122,14 @@ def parse_args(argv):
     args.workers, args.modes = [1, 2], ['sync']
     args.link_gbit, args.rounds = args.link_gbit[:1], 1
   problem = usage_problem(args)
-  if args.report_only and not os.path.exists(
-      os.path.join(args.work_dir, 'scaling.json')):
+  args.pool = args.pool.split(',') if args.pool else []
+  missing = [d for d in args.pool or [args.work_dir] if not os.path.exists(
+      os.path.join(d, 'scaling.json'))]
+  if args.pool and not args.report_only:
+    problem = '--pool makes a report of runs made: add --report_only'
+  elif args.report_only and missing:
     problem = ('--report_only: %s holds no scaling.json; run without '
-               '--report_only first' % args.work_dir)
+               '--report_only first' % missing[0])
   if problem:
     parser.exit(2, 'Error: %s\n' % problem)
   args.plot = args.plot or os.path.join(args.work_dir, 'scaling.png')
@@ -132,8 +146,10 @@ def usage_problem(args):
     return '--modes takes %s (got %s)' % (', '.join(MODES), bad[0])
   if min(args.workers) < 1 or min(args.link_gbit) <= 0:
     return '--workers and --link_gbit must all be above 0'
-  if min(args.rounds, args.steps, args.batch_size) < 1:
-    return '--rounds, --steps and --batch_size must be at least 1'
+  if min(args.rounds, args.steps, args.one_process_steps,
+         args.batch_size) < 1:
+    return ('--rounds, --steps, --one_process_steps and --batch_size must '
+            'be at least 1')
   if args.latency_us < 0 or args.machine_cores <= 0:
     return '--latency_us must be 0 or more, --machine_cores above 0'
   if args.latency_us and not network_namespaces.can_delay():
@@ -180,7 +196,7 @@ def one_process(args, share, name):
   """One process's step on one machine of share cores (Run.measure's
   result): the planner's input."""
   return Run(args=args, name=name, num_workers=1, num_ps=0, mode='sync',
-             mbit=None, share=share).measure()
+             mbit=None, share=share, steps=args.one_process_steps).measure()
 
 
 def points(args, ps_counts):
@@ -203,8 +219,7 @@ def main(argv=None):
   args = parse_args(argv)
   os.makedirs(args.work_dir, exist_ok=True)
   if args.report_only:
-    with open(os.path.join(args.work_dir, 'scaling.json')) as f:
-      return scaling_report.write_report(args, json.load(f))
+    return report_only(args)
   try:
     with machines.exits_on_signals():
       swept = machines.sweep()
@@ -219,6 +234,20 @@ def main(argv=None):
   except TaskFailed as e:
     print('Error: %s' % e, file=sys.stderr)
     return 1
+
+
+def report_only(args):
+  """Writes the report of WORK_DIR's run, or of the --pool runs together."""
+  results = []
+  for d in args.pool or [args.work_dir]:
+    with open(os.path.join(d, 'scaling.json')) as f:
+      results.append(json.load(f))
+  try:
+    return scaling_report.write_report(args, scaling_report.pooled(results))
+  except ValueError as e:
+    print('Error: --pool: %s; pool runs of one command line' % e,
+          file=sys.stderr)
+    return 2
 
 
 def plan_runs(args, share):

@@ -31,10 +31,15 @@ WIRE_OVERHEAD = 1.033
 BUSIEST_LINK_EXTRA = 0.3
 OWN_LINK_FACTOR = 1.0
 HIDDEN_SHARE = 0.58
-# Where the machines' cores are given, the compute fills them: a push's
-# own gRPC work waits for the compute, and the own link costs this many
-# times its bytes beside the pull (fitted with the RPCs' CPU below).
-BUSY_OWN_LINK_FACTOR = 1.69
+# Where the machines' cores are given, the compute fills them and takes
+# long beside the bytes: the pull streams in beside the forward pass too (a
+# later layer's weights arrive while an earlier one computes), so a step
+# grows by what of BUSY_BUSIEST x the busiest link's transfer and BUSY_OWN x
+# the worker's own (its pull and its push) does not fit beside
+# BUSY_HIDDEN_SHARE of the step (fitted with the RPCs' CPU below).
+BUSY_BUSIEST = 1.50
+BUSY_OWN = 1.47
+BUSY_HIDDEN_SHARE = 0.70
 # The CPU of a step's RPCs, core-ms, where the machines' cores are given
 # (--worker_cores, --ps_cores). A worker: SYNC_RPC_MS a synchronous step
 # (its token, the accumulators), ASYNC_RPC_MS an asynchronous one, and
@@ -42,20 +47,20 @@ BUSY_OWN_LINK_FACTOR = 1.69
 # the global step and the token queue, whatever its share of the bytes:
 # PS_WORKER_MS a worker's synchronous step, PS_UPDATE_MS an update,
 # PS_ASYNC_MS an asynchronous step. A task's RPCs and its compute share its
-# cores (as on a machine whose cores are all busy). Fitted to the 25
-# points of machines of their own kept to one core each, 1-8 workers, 1-5
-# ps (tools/scaling_run.py, docs/performance.md#scaling), with the barrier
-# (sync_parts).
-SYNC_RPC_MS = 2.1
-ASYNC_RPC_MS = 2.4
-PS_RPC_MS = 4.4
-PS_WORKER_MS = 3.2
-PS_UPDATE_MS = 15.1
-PS_ASYNC_MS = 4.5
+# cores (as on a machine whose cores are all busy). Fitted to two runs'
+# points together on machines of their own kept to one core each, 1-8
+# workers, 1-4 ps (tools/scaling_run.py --pool, docs/performance.md#scaling),
+# with the barrier (sync_parts).
+SYNC_RPC_MS = 3.0
+ASYNC_RPC_MS = 1.6
+PS_RPC_MS = 2.1
+PS_WORKER_MS = 4.1
+PS_UPDATE_MS = 11.2
+PS_ASYNC_MS = 3.2
 # Asynchronous pulls and pushes cross the busiest link at once, in both
 # directions, from every worker: it carries its bytes this many times more
 # slowly than one stream.
-ASYNC_LINK_FACTOR = 2.43
+ASYNC_LINK_FACTOR = 2.44
 
 
 def busiest_bytes(model_bytes, share, num_workers, dtype_bytes=4):
@@ -79,9 +84,10 @@ def link_ms(model_bytes, share, num_workers, mbit, dtype_bytes=4):
 
 
 def predict_step_ms(step_ms, model_bytes, share, num_workers, mbit,
-                    dtype_bytes=4, own_link_factor=OWN_LINK_FACTOR):
+                    dtype_bytes=4, busy=False):
   """Predicts a synchronous step, ms: step_ms, the pull, and what of the
-  push does not hide beside the step (see BUSIEST_LINK_EXTRA).
+  push does not hide beside the step (see BUSIEST_LINK_EXTRA); busy: the
+  machines' compute fills their cores (see BUSY_OWN).
 
   Args:
     step_ms: A worker's step when the network costs nothing.
@@ -90,19 +96,16 @@ def predict_step_ms(step_ms, model_bytes, share, num_workers, mbit,
     num_workers: Workers (all synchronous).
     mbit: Every task's link rate, Mbit/s.
     dtype_bytes: Bytes per value on the wire (2: --transfer_dtype=bfloat16).
-    own_link_factor: What the push costs on the worker's own link, times
-      its bytes (BUSY_OWN_LINK_FACTOR where the compute fills the cores).
+    busy: Whether the compute fills the machines' cores (their cores are
+      given).
   """
   busiest = link_ms(model_bytes, share, num_workers, mbit, dtype_bytes)
   own = transfer_ms(model_bytes * dtype_bytes / 4.0, mbit)
-  push = BUSIEST_LINK_EXTRA * busiest + own_link_factor * own
+  if busy:
+    return step_ms + max(0.0, BUSY_BUSIEST * busiest + BUSY_OWN * own -
+                         BUSY_HIDDEN_SHARE * step_ms)
+  push = BUSIEST_LINK_EXTRA * busiest + OWN_LINK_FACTOR * own
   return step_ms + busiest + max(0.0, push - HIDDEN_SHARE * step_ms)
-
-
-def own_link_factor(worker_cores):
-  """What a push costs on a worker's own link, times its bytes: more where
-  the machine's cores are given (its compute fills them)."""
-  return BUSY_OWN_LINK_FACTOR if worker_cores else OWN_LINK_FACTOR
 
 
 @functools.lru_cache(maxsize=None)
@@ -133,7 +136,7 @@ def sync_parts(*, step_ms, model_bytes, share, num_workers, num_ps, mbit,
   parts = {'compute': step_ms,
            'bytes': predict_step_ms(step_ms, model_bytes, share, num_workers,
                                     mbit, dtype_bytes,
-                                    own_link_factor(worker_cores)) - step_ms,
+                                    busy=bool(worker_cores)) - step_ms,
            'RPCs': 0.0, 'ps 0': 0.0,
            'barrier': step_cv * step_ms * expected_order(
                num_workers - (mode == 'backup'), num_workers)}
@@ -168,7 +171,7 @@ def predict_images_per_sec(*, step_ms, model_bytes, share, num_workers,
     rpc = (ASYNC_RPC_MS + PS_RPC_MS * num_ps) / worker_cores if (
         worker_cores) else 0.0
     cycle = max(predict_step_ms(step_ms, model_bytes, share, 1, mbit,
-                                dtype_bytes, own_link_factor(worker_cores))
+                                dtype_bytes, busy=bool(worker_cores))
                 + rpc,
                 ASYNC_LINK_FACTOR * link_ms(model_bytes, share, num_workers,
                                             mbit, dtype_bytes),
