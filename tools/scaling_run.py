@@ -21,10 +21,11 @@ the start of each round, the median: it moves from run to run):
 
 --quick runs 1 and 2 synchronous workers on one link once. Writes
 WORK_DIR/scaling.json (after each run), WORK_DIR/scaling.md and the plot
-(--plot, default WORK_DIR/scaling.png); --report_only writes them again
-with the planner's current model, --pool from several runs' rounds. Needs root. Every cgroup and
-namespace it makes is removed at its end, also on an error, Ctrl-C or
-SIGTERM; those of an earlier run killed with SIGKILL at its start.
+(--plot, default WORK_DIR/scaling.png); --report_only writes them
+again with the planner's current model, --pool from several runs'
+rounds. Needs root. Every cgroup and namespace it makes is removed at its
+end, also on an error, Ctrl-C or SIGTERM; those of an earlier run killed
+with SIGKILL at its start.
 """
 
 import argparse
@@ -243,11 +244,12 @@ def report_only(args):
     with open(os.path.join(d, 'scaling.json')) as f:
       results.append(json.load(f))
   try:
-    return scaling_report.write_report(args, scaling_report.pooled(results))
+    results = scaling_report.pooled(results)
   except ValueError as e:
     print('Error: --pool: %s; pool runs of one command line' % e,
           file=sys.stderr)
     return 2
+  return scaling_report.write_report(args, results)
 
 
 def plan_runs(args, share):
