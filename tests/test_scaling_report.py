@@ -45,14 +45,14 @@ def test_the_report_takes_the_median_one_process_step(tmp_path):
   assert (tmp_path / 'scaling.png').read_bytes()[:4] == b'\x89PNG'
 
 
-def write_run(folder, share, steps, rounds, cv=0.05):
+def write_run(folder, share, steps, rounds, cv=0.05, cpu='a CPU'):
   """A scaling.json of rounds of 1 worker + 1 ps (images/s a round)."""
   os.makedirs(folder, exist_ok=True)
   runs = [dict(round=r, gbit=10.0, workers=1, mode='sync', ps=1, mbit=600.0,
                images_per_sec=rate) for r, rate in enumerate(rounds)]
   with open(os.path.join(folder, 'scaling.json'), 'w') as f:
     json.dump(dict(share=share, machine_cores=2.0, batch_size=32,
-                   host_cores=2, cpu='a CPU', latency_us=0.0,
+                   host_cores=2, cpu=cpu, latency_us=0.0,
                    one_process_steps_ms=steps,
                    one_process_step_cvs=[cv] * len(steps), runs=runs), f)
 
@@ -81,7 +81,7 @@ def test_a_pool_of_runs_takes_all_their_rounds(tmp_path):
   assert pooled['one_process_step_cvs'] == [0.05, 0.05, 0.2]
 
 
-def test_a_pool_of_other_machines_is_one_line(tmp_path):
+def test_a_pool_of_another_host_or_machines_is_one_line(tmp_path):
   write_run(tmp_path / 'a', 0.12, [200.0], [110.0])
   write_run(tmp_path / 'b', 0.25, [100.0], [230.0])
   proc = report('--report_only', '--work_dir=%s' % (tmp_path / 'both'),
@@ -89,9 +89,15 @@ def test_a_pool_of_other_machines_is_one_line(tmp_path):
   assert proc.returncode == 2
   assert proc.stdout == ''
   assert proc.stderr == (
-      "Error: --pool: runs of other machines or batch (share, machine_cores, "
-      "batch_size, latency_us: [0.25, 2.0, 32, 0.0] against [0.12, 2.0, 32, "
-      "0.0]); pool runs of one command line\n")
+      'Error: --pool: runs of another host, machines or batch (share 0.25 '
+      'against 0.12); pool runs of one command line\n')
+  # The same machines on another host: not one run's rounds either.
+  write_run(tmp_path / 'c', 0.12, [200.0], [110.0], cpu='another CPU')
+  proc = report('--report_only', '--work_dir=%s' % (tmp_path / 'both'),
+                '--pool=%s,%s' % (tmp_path / 'a', tmp_path / 'c'))
+  assert (proc.returncode, proc.stderr) == (
+      2, 'Error: --pool: runs of another host, machines or batch (cpu '
+      'another CPU against a CPU); pool runs of one command line\n')
 
 
 def test_a_pool_without_report_only_is_one_line(tmp_path):

@@ -54,15 +54,17 @@ def write_report(args, results):
 def pooled(results):
   """Several runs' results (scaling.json) as one: their rounds one after
   another, their one-process steps together. Raises ValueError where
-  their machines or batch differ."""
+  their host, machines or batch differ."""
   out = dict(results[0], runs=[], one_process_steps_ms=[],
              one_process_step_cvs=[])
-  same = ('share', 'machine_cores', 'batch_size', 'latency_us')
+  same = ('cpu', 'host_cores', 'share', 'machine_cores', 'batch_size',
+          'latency_us')
   for res in results:
-    if any(res[k] != out[k] for k in same):
-      raise ValueError('runs of other machines or batch (%s: %s against %s)'
-                       % (', '.join(same), [res[k] for k in same],
-                          [out[k] for k in same]))
+    other = ['%s %s against %s' % (k, res[k], out[k]) for k in same
+             if res[k] != out[k]]
+    if other:
+      raise ValueError('runs of another host, machines or batch (%s)' %
+                       ', '.join(other))
     first = 1 + max((r['round'] for r in out['runs']), default=-1)
     out['runs'] += [dict(r, round=r['round'] + first) for r in res['runs']]
     out['one_process_steps_ms'] += res['one_process_steps_ms']
