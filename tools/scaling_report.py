@@ -32,7 +32,7 @@ def predicted(*, step_ms, step_cv, mode, num_workers, num_ps, mbit, share,
 def write_report(args, results):
   """Adds the planner's prediction to each run, writes the JSON, the
   table and the figure."""
-  step_ms, step_cv = one_process(results)
+  step_ms, step_cv = planner_input(results)
   for run in results['runs']:
     run['planner'] = predicted(
         step_ms=step_ms, step_cv=step_cv, mode=run['mode'],
@@ -72,7 +72,7 @@ def pooled(results):
   return out
 
 
-def one_process(results):
+def planner_input(results):
   """(step ms, its spread) of one process on one machine, the medians of
   the rounds' (the planner's input)."""
   return (statistics.median(results['one_process_steps_ms']),
