@@ -1,4 +1,4 @@
-"""The terminal filter: TensorFlow's chatter goes, real problems stay.
+"""The terminal: TensorFlow's chatter goes, real problems stay, lines whole.
 
 The lines below are copied from the logs of real runs, one record (a log
 line and its continuation lines) an item: ours on TensorFlow 2.21 on AMD
@@ -7,6 +7,7 @@ notes, published logs of TensorFlow 2.1x on GPU machines.
 The filter is tested in real processes too: a trainer whose stderr must be
 our one error line, the same with TF_CPP_MIN_LOG_LEVEL=0, and a process that
 aborts right after writing to file descriptor 2, as a fatal C++ error does.
+And the prologue's whole lines: eight threads printing at once.
 """
 
 import glob
@@ -204,6 +205,41 @@ def test_level_0_turns_the_filter_off():
   status, stderr = run_python('os.write(2, %r)' % b''.join(CHATTER), '0')
   assert status == 0
   assert stderr == b''.join(CHATTER)
+
+
+THREADS_PRINTING = r'''
+import sys, threading
+from training import process
+process.start()
+sys.setswitchinterval(1e-6)  # Threads take turns between any two writes.
+
+def talk(name):
+  for i in range(200):
+    print('thread', name, 'line', i, flush=i % 2)  # Five writes each.
+    print('thread', name, 'error', i, file=sys.stderr)
+
+threads = [threading.Thread(target=talk, args=(n,)) for n in range(8)]
+for t in threads:
+  t.start()
+for t in threads:
+  t.join()
+'''
+
+
+def test_threads_printing_at_once_print_whole_lines():
+  # print() writes its words and its newline separately: without whole
+  # lines, another thread's words land inside a line (as a progress line
+  # once did after the chief's line taking a worker back).
+  proc = subprocess.run([sys.executable, '-c', THREADS_PRINTING],
+                        capture_output=True, text=True, timeout=120,
+                        env=dict(os.environ, PYTHONPATH=ROOT))
+  assert proc.returncode == 0, proc.stderr
+  for stream, word in ((proc.stdout, 'line'), (proc.stderr, 'error')):
+    lines = stream.splitlines()
+    assert len(lines) == 8 * 200
+    for n in range(8):
+      assert [line for line in lines if line.startswith('thread %d ' % n)
+             ] == ['thread %d %s %d' % (n, word, i) for i in range(200)]
 
 
 def trainer(level):

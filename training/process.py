@@ -11,12 +11,14 @@ exit_now() ends it, whatever other threads wait for.
 import logging
 import os
 import sys
+import threading
 
 from training import log_filter
 
 
 def start():
-  """The start-up prologue: TensorFlow's C++ chatter filtered, no Keras 3.
+  """The start-up prologue: TensorFlow's C++ chatter filtered, whole lines,
+  no Keras 3.
 
   Call it before TensorFlow is imported.
   """
@@ -26,6 +28,7 @@ def start():
   # Keras 3 (unused: tf-slim has TensorFlow's own Keras 2 layers): a task
   # starts 1-2 s sooner.
   log_filter.install()
+  sys.stdout, sys.stderr = WholeLines(sys.stdout), WholeLines(sys.stderr)
   os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
   # And TensorFlow's Python warnings, the TF1 API's deprecation notes at
   # every start (`WARNING:tensorflow:From ...: ... is deprecated`), which
@@ -33,6 +36,40 @@ def start():
   if os.environ['TF_CPP_MIN_LOG_LEVEL'] in ('1', '2', '3'):
     logging.getLogger('tensorflow').addFilter(
         lambda record: record.levelno != logging.WARNING)
+
+
+class WholeLines:
+  """A text stream whose lines reach the stream under it whole.
+
+  print() writes its text and its end in separate calls, so two threads
+  printing at once could glue one's line to the other's (the chief's line
+  taking a worker back, and a progress line). Each thread's text is held
+  until its newline (or a flush) and written in one call, under a lock.
+  """
+
+  def __init__(self, stream):
+    self._stream = stream
+    self._lock = threading.Lock()
+    self._held = threading.local()  # .text: this thread's unfinished line.
+
+  def write(self, text):
+    lines, newline, rest = (getattr(self._held, 'text', '') +
+                            text).rpartition('\n')
+    self._held.text = rest
+    if newline:
+      with self._lock:
+        self._stream.write(lines + newline)
+    return len(text)
+
+  def flush(self):
+    rest, self._held.text = getattr(self._held, 'text', ''), ''
+    with self._lock:
+      if rest:  # A line without its end yet (a progress bar's '\r').
+        self._stream.write(rest)
+      self._stream.flush()
+
+  def __getattr__(self, name):  # fileno(), isatty(), encoding, buffer...
+    return getattr(self._stream, name)
 
 
 def exit_now(status):
