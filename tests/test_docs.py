@@ -9,6 +9,7 @@ to one and not the other fails here.
 import glob
 import os
 import re
+import subprocess
 
 import pytest
 
@@ -90,6 +91,38 @@ def test_readme_flags_are_the_trainers():
   import train_distributed  # pylint: disable=g-import-not-at-top
   ours = train_distributed.FLAGS.flags_by_module_dict()['train_flags']
   assert table_flags('README.md') == {'--' + f.name for f in ours}
+
+
+# The folders run_local_cluster.sh writes to when no flag says where.
+SCRIPT_FOLDERS = ['./cifar-10-batches-bin', './models_cifar10',
+                  './synthetic-cifar-10-batches-bin',
+                  './models_cifar10_synthetic', './logs']
+
+
+def test_git_ignores_what_the_readmes_commands_write():
+  if not os.path.isdir(os.path.join(ROOT, '.git')):
+    pytest.skip('not a git checkout')
+  folders, files = set(SCRIPT_FOLDERS), set()
+  for page in ('README.md', 'README.zh-CN.md'):
+    for command in shell_commands(page):
+      for flag, path in re.findall(
+          r'--(data_dir|train_dir|export_dir|log_dir|out)=(\S+)', command):
+        if not path.startswith('/'):  # In the clone, not a machine's /data.
+          (files if flag == 'out' else folders).add(path)
+  # A download in progress is kept beside its data folder.
+  files.update(f + '.tar.gz.part' for f in folders if f.endswith('-bin'))
+  assert {'./fashion-mnist-batches-bin', './export'} <= folders
+  assert 'inputs.png' in files
+  paths = sorted(f + '/' for f in folders) + sorted(files)
+  proc = subprocess.run(['git', 'check-ignore', '--no-index', '--verbose',
+                         '--non-matching'] + paths, cwd=ROOT,
+                        capture_output=True, text=True, timeout=60)
+  assert proc.returncode in (0, 1), proc.stderr  # 1: some not ignored.
+  lines = proc.stdout.splitlines()
+  assert len(lines) == len(paths)
+  not_ignored = [line.split('\t')[1] for line in lines
+                 if line.startswith('::')]
+  assert not not_ignored, 'add to .gitignore: %s' % ', '.join(not_ignored)
 
 
 def first_table():
