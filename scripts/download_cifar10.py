@@ -255,6 +255,10 @@ def main(argv=None):
                       'from, or the path (or file:// URL) of the tarball '
                       'already on this machine (default: %(default)s)')
   parser.add_argument('--md5', default=MD5, help='default: %(default)s')
+  parser.add_argument('--env_names', action='store_true',
+                      help='name CIFAR10_URL and CIFAR10_MD5 where it would '
+                      'name --url and --md5: what run_local_cluster.sh, '
+                      'which passes this, reads')
   parser.add_argument('--timeout', type=float, default=60,
                       help='seconds without data before giving up '
                       '(default: %(default)s)')
@@ -269,8 +273,11 @@ def main(argv=None):
     else:
       print('%s already holds CIFAR-10; nothing to do' % args.data_dir)
   except (fetch.DownloadError, OSError) as e:  # OSError: one not foreseen.
-    print('Error: %s' % re.sub(r'\s*\n\s*', '; ', str(e).strip()),
-          file=sys.stderr)
+    line = re.sub(r'\s*\n\s*', '; ', str(e).strip())
+    if args.env_names:
+      line = re.sub(r'--(url|md5)\b', lambda m: 'CIFAR10_' +
+                    m.group(1).upper(), line)
+    print('Error: %s' % line, file=sys.stderr)
     return EXIT_ERROR
   except KeyboardInterrupt as e:
     print(interrupted_line(state), file=sys.stderr)

@@ -156,8 +156,9 @@ if ! compgen -G "$data_dir/data_batch_*.bin" > /dev/null ||
   else
     # CIFAR10_URL and CIFAR10_MD5 point it at a mirror.
     # CIFAR10_URL may also be the path of a tarball fetched elsewhere.
+    # --env_names: its error lines name those, not its --url and --md5.
     "$python" "$root/scripts/download_cifar10.py" --data_dir="$data_dir" \
-      ${CIFAR10_URL:+--url="$CIFAR10_URL"} ${CIFAR10_MD5:+--md5="$CIFAR10_MD5"} ||
+      --env_names ${CIFAR10_URL:+--url="$CIFAR10_URL"} ${CIFAR10_MD5:+--md5="$CIFAR10_MD5"} ||
       die "no CIFAR-10 in $data_dir (use --synthetic to train on generated data)"
   fi
 fi

@@ -1,5 +1,6 @@
 """scripts/run_local_cluster.sh end to end, and the evaluator's exact count."""
 
+import hashlib
 import json
 import os
 import re
@@ -176,6 +177,36 @@ def test_bad_data_is_one_line_before_any_task(tmp_path, tiny_data,
       'not CIFAR-10 data' % (data_dir, data_dir)]
   assert 'Cluster:' not in proc.stdout  # No task was started.
   assert not os.listdir(tmp_path / 'logs')
+
+
+@pytest.mark.parametrize('content', [None, b'not CIFAR-10'])
+def test_a_failed_download_names_what_the_script_reads(tmp_path, content,
+                                                        script_procs):
+  # The downloader's line names its flags, --url and --md5; through the
+  # script, which reads CIFAR10_URL and CIFAR10_MD5, it names those.
+  tarball = tmp_path / 'cifar-10-binary.tar.gz'
+  if content is None:
+    why = ('cannot read %s: No such file or directory: pass CIFAR10_URL=PATH '
+           'of a cifar-10-binary.tar.gz on this machine, or the URL to '
+           'download it from' % tarball)
+  else:
+    tarball.write_bytes(content)
+    why = ('%s has MD5 %s, expected c32a1d4ab5d03f1284b67883e8d87530: it is '
+           'damaged or not the CIFAR-10 binary version '
+           '(cifar-10-binary.tar.gz): check CIFAR10_URL and CIFAR10_MD5' % (
+               tarball, hashlib.md5(content).hexdigest()))
+  env = dict(os.environ, CIFAR10_URL=str(tarball))
+  env.pop('CIFAR10_MD5', None)
+  proc = subprocess.Popen(['bash', SCRIPT, '--log_dir=logs'],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, cwd=str(tmp_path), env=env,
+                          start_new_session=True)
+  script_procs.append(proc)  # Its group is killed, whatever happens.
+  _, stderr = proc.communicate(timeout=60)
+  assert proc.returncode == 2
+  assert stderr.splitlines() == [
+      'Error: ' + why, 'run_local_cluster.sh: error: no CIFAR-10 in '
+      './cifar-10-batches-bin (use --synthetic to train on generated data)']
 
 
 # With TensorBoard once (it is the script's to stop too); test_tensorboard.py
