@@ -103,15 +103,17 @@ def test_git_ignores_what_the_readmes_commands_write():
   if not os.path.isdir(os.path.join(ROOT, '.git')):
     pytest.skip('not a git checkout')
   folders, files = set(SCRIPT_FOLDERS), set()
-  for page in ('README.md', 'README.zh-CN.md'):
-    for command in shell_commands(page):
-      for flag, path in re.findall(
-          r'--(data_dir|train_dir|export_dir|log_dir|out)=(\S+)', command):
-        if not path.startswith('/'):  # In the clone, not a machine's /data.
-          (files if flag == 'out' else folders).add(path)
+  for page in ('README.md', 'README.zh-CN.md'):  # Commands, and inline ones.
+    for flag, path in re.findall(
+        r'--(data_dir|train_dir|export_dir|log_dir|out)=([^\s`]+)',
+        read(page)):
+      # In the clone (not /data), and a path, not a placeholder (DIR).
+      if not path.startswith(('/', '$')) and not path.isupper():
+        (files if flag == 'out' else folders).add(path)
   # A download in progress is kept beside its data folder.
   files.update(f + '.tar.gz.part' for f in folders if f.endswith('-bin'))
-  assert {'./fashion-mnist-batches-bin', './export'} <= folders
+  assert {'./fashion-mnist-batches-bin', './export',
+          './models_four_terminals'} <= folders
   assert 'inputs.png' in files
   paths = sorted(f + '/' for f in folders) + sorted(files)
   proc = subprocess.run(['git', 'check-ignore', '--no-index', '--verbose',
