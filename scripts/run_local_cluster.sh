@@ -229,8 +229,11 @@ tensorboard_pid=
 start() {  # start NAME CUDA_VISIBLE_DEVICES TRAINER_FLAGS...
   local name=$1 gpus=$2
   shift 2
+  # Emptied here, not by the task's redirection: that runs in the
+  # background, and the tail below could show an earlier run's lines first.
+  : > "$log_dir/$name.log"
   CUDA_VISIBLE_DEVICES=$gpus PYTHONUNBUFFERED=1 \
-    "$python" "$root/train_distributed.py" "$@" > "$log_dir/$name.log" 2>&1 &
+    "$python" "$root/train_distributed.py" "$@" >> "$log_dir/$name.log" 2>&1 &
   pid[$name]=$!
   names+=("$name")
 }

@@ -84,6 +84,12 @@ def test_script_runs_a_cluster_with_an_evaluator(tmp_path, tiny_data,
   train_dir = tmp_path / 'elsewhere'
   train_dir.mkdir()
   (train_dir / 'stale.txt').write_text('from an earlier run')
+  # And an earlier run's logs, whose lines the script's stream would show.
+  (tmp_path / 'logs').mkdir()
+  for name, kind in (('worker0', 'Train'), ('evaluator', 'Test')):
+    (tmp_path / 'logs' / (name + '.log')).write_text(
+        '2026-01-01 00:00:00.000000: step 999, loss = 9.99 ,%s accuracy = '
+        '0.01 (9 examples)\n' % kind)
   proc = run_script(tmp_path, tiny_data, '--num_ps=2', '--num_workers=3',
                     '--max_steps=20', *FAST, '-train_dir', str(train_dir),
                     '--fresh_start=t')
@@ -94,6 +100,7 @@ def test_script_runs_a_cluster_with_an_evaluator(tmp_path, tiny_data,
   assert not (train_dir / 'stale.txt').exists()
   assert not (tmp_path / 'train').exists()
   assert 'Logs: %s' % (tmp_path / 'logs') in out
+  assert 'step 999' not in out
   # The chief's progress, with the cluster's time left to --max_steps.
   assert re.search(r': step \d+, loss = .* ,Train accuracy = .*; '
                    r'(\d+:\d\d:\d\d|\?) left\)$', out, re.M), out
