@@ -57,7 +57,7 @@ from training import session
 from training import session_config
 from training import sync_protocol
 from training import worker_hooks
-from training.hooks import StopOnSignalHook
+from training.hooks import StopOnSignalHook, events_writer
 
 tf1 = tf.compat.v1
 
@@ -261,7 +261,8 @@ def session_parts(task, cluster, graph, master, config, train_dir):
       save_summaries_steps=FLAGS.save_summaries_steps,
       replicas=FLAGS.replicas_to_aggregate or len(task.worker_hosts),
       trace_steps=[int(s) for s in FLAGS.trace_steps],
-      set_aside=FLAGS.set_aside)
+      set_aside=FLAGS.set_aside,
+      trains=not (resume and resume.step >= FLAGS.max_steps))
   return session.SessionCreator(scaffold, master, config, task, train_dir,
                                 resume, shadows), hooks
 
@@ -277,7 +278,7 @@ def run_loop(sess, graph, *, is_chief, train_dir):
       lambda step_context: step_context.session.run(graph.global_step))
   if step >= FLAGS.max_steps:  # StopAtStepHook would let one step run.
     return step
-  writer = tf1.summary.FileWriterCache.get(train_dir) if is_chief else None
+  writer = events_writer(train_dir) if is_chief else None
   local_step, logged_step = 0, step
   start = time.time()
   left = TimeLeft(FLAGS.max_steps)

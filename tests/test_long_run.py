@@ -1,6 +1,6 @@
 """A long run loses nothing: restarts, a lost chief, a ps lost at the end,
-an earlier release's checkpoint, a checkpoint rewritten under its name.
-Real processes (the restart soak is tests/test_soak.py)."""
+an earlier release's checkpoint, a checkpoint rewritten under its name, a
+finished run started again writing nothing. Real processes (the restart soak is tests/test_soak.py)."""
 
 import glob
 import json
@@ -430,9 +430,9 @@ def test_evaluator_evaluates_a_checkpoint_written_again_under_its_name(
 
 def test_evaluator_evaluates_each_checkpoint_content_once(procs, tiny_data,
                                                         tmp_path):
-  """A finished chief started again writes model.ckpt-N anew, the same
-  model: neither the evaluator watching nor a later one evaluates it again
-  (issue 44: four identical lines in results.jsonl)."""
+  """model.ckpt-N written anew, the same model (as a chief before this one
+  did at every start): neither the evaluator watching nor a later one
+  evaluates it again (issue 44: four identical lines in results.jsonl)."""
   train_dir = str(tmp_path / 'train')
   flags = single_process_flags(tiny_data, train_dir)
   procs.trainer('first', '--max_steps=5', *flags)
@@ -443,9 +443,13 @@ def test_evaluator_evaluates_each_checkpoint_content_once(procs, tiny_data,
   procs.trainer('watching', '--max_steps=6', *evaluator)  # Past 5: it stays.
   procs.wait_for_line('watching', ': step 5, loss = ', 90)
   written = os.stat(path + '.index').st_mtime_ns
-  procs.trainer('again', '--max_steps=5', *flags)
-  assert procs.procs['again'].wait(120) == 0, procs.tails()
-  assert os.stat(path + '.index').st_mtime_ns != written  # Written anew.
+  time.sleep(0.01)  # A later time on any file system's clock.
+  for name in glob.glob(path + '.*'):  # Written anew, byte for byte.
+    with open(name, 'rb') as f:
+      content = f.read()
+    with open(name, 'wb') as f:
+      f.write(content)
+  assert os.stat(path + '.index').st_mtime_ns != written
   said = ('Evaluator: %s holds the model evaluated already (model.ckpt-5, '
           'results.jsonl): not evaluated again' % path)
   procs.wait_for_line('watching', said, 60)
@@ -473,6 +477,39 @@ EMPTY_TEST_SET = (
     'Error: %s/test_batch.bin has 0 bytes, not a positive multiple of the '
     '3073-byte CIFAR-10 record: the file is truncated or not CIFAR-10 binary '
     'data; download or generate it again')
+
+
+def events(paths):
+  """Every event in the events files at paths."""
+  return [e for path in paths for e in tf1.train.summary_iterator(path)]
+
+
+def test_a_finished_run_started_again_writes_nothing(procs, tiny_data,
+                                                     tmp_path):
+  """The quickstart run again: nothing to train, so no checkpoint written
+  anew (an evaluator would see it again) and no events file (each held the
+  graph again, 1.4 MB); a start that trains on adds no graph either."""
+  train_dir = str(tmp_path / 'train')
+  flags = single_process_flags(tiny_data, train_dir)
+  procs.trainer('first', '--max_steps=5', *flags)
+  assert procs.wait_all(timeout=120)['first'] == 0, procs.tails()
+  first = glob.glob(os.path.join(train_dir, 'events.out.tfevents.*'))
+  assert len(first) == 1
+  assert sum(bool(e.graph_def) for e in events(first)) == 1
+  written = {f: os.stat(os.path.join(train_dir, f)).st_mtime_ns
+             for f in os.listdir(train_dir)}
+  procs.trainer('again', '--max_steps=5', *flags)
+  assert procs.wait_all(timeout=120)['again'] == 0, procs.tails()
+  assert 'nothing to train' in procs.log('again')
+  assert {f: os.stat(os.path.join(train_dir, f)).st_mtime_ns
+          for f in os.listdir(train_dir)} == written
+  procs.trainer('longer', '--max_steps=7', *flags)
+  assert procs.wait_all(timeout=120)['longer'] == 0, procs.tails()
+  assert checkpoint_step(train_dir) == 7
+  later = set(glob.glob(os.path.join(train_dir, 'events.out.tfevents.*')))
+  assert len(later - set(first)) == 1
+  assert not any(e.graph_def or e.meta_graph_def
+                 for e in events(later - set(first)))
 
 
 def test_evaluator_on_an_empty_test_set_is_one_line(procs, tiny_data,

@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 
+from google.protobuf import text_format
 import tensorflow as tf
 
 from training import checkpoints
@@ -22,6 +23,20 @@ from training import liveness
 from training import process
 
 tf1 = tf.compat.v1
+
+_EVENTS = {}  # {train_dir: its FileWriter}: see events_writer().
+
+
+def events_writer(train_dir):
+  """The chief's writer of events in train_dir, made at first use.
+
+  Not FileWriterCache's, which writes the graph and its meta graph into
+  every new file, at every start (0.5 MB, and CheckpointSaverHook's with
+  shapes after it): here the graph is written once for each graph.
+  """
+  if train_dir not in _EVENTS:
+    _EVENTS[train_dir] = tf1.summary.FileWriter(train_dir)
+  return _EVENTS[train_dir]
 
 
 class SyncReplicasHook(tf1.train.SessionRunHook):
@@ -67,8 +82,10 @@ class SyncReplicasHook(tf1.train.SessionRunHook):
 
 
 class CheckpointSaverHook(tf1.train.SessionRunHook):
-  """The chief's checkpoints: model.ckpt-N at session creation, every
-  save_steps global steps and at the end, with graph.pbtxt at creation.
+  """The chief's checkpoints: model.ckpt-N at session creation (unless the
+  newest checkpoint holds that model already), every save_steps global steps
+  and at the end; graph.pbtxt and the graph for TensorBoard at creation
+  where the graph is not the one written last.
 
   A failed save raises checkpoints.WriteError, its temporary files removed,
   instead of a TensorFlow error in two chained tracebacks. A save lost with
@@ -85,28 +102,57 @@ class CheckpointSaverHook(tf1.train.SessionRunHook):
     self._save_steps = save_steps
     self._scaffold = scaffold
     self._ps_hosts = ps_hosts
-    self._global_step = self._writer = self._last_saved = None
+    self._global_step = self._last_saved = None
     self._ending = False
 
   def begin(self):
     self._global_step = tf1.train.get_global_step()
-    self._writer = tf1.summary.FileWriterCache.get(self._train_dir)
 
   def after_create_session(self, session, coord):
     try:
       step = session.run(self._global_step)
-      graph = tf1.get_default_graph()
-      tf1.train.write_graph(graph.as_graph_def(add_shapes=True),
-                            self._train_dir, 'graph.pbtxt')
-      self._writer.add_graph(graph)
-      self._writer.add_meta_graph(self._scaffold.saver.export_meta_graph())
-      self._save(session, step)
+      self._write_graph()
+      if not self._saved_already(step):
+        self._save(session, step)
       self._last_saved = step
     except liveness.LOST_TASK_ERRORS:
       raise  # MonitoredSession creates the session again once it is back.
     except tf.errors.OpError as e:
       raise checkpoints.write_failure(
           self._train_dir, session.run(self._global_step), e) from e
+
+  def _write_graph(self):
+    """graph.pbtxt, and the graph and meta graph for TensorBoard (1.4 MB of
+    events), unless graph.pbtxt holds this graph already: a start with the
+    graph of the last adds nothing."""
+    graph = tf1.get_default_graph()
+    graph_def = graph.as_graph_def(add_shapes=True)
+    try:
+      with open(os.path.join(self._train_dir, 'graph.pbtxt')) as f:
+        if text_format.Parse(f.read(), tf1.GraphDef()) == graph_def:
+          return
+    except (OSError, text_format.ParseError):
+      pass  # None yet, or cut short: written again.
+    tf1.train.write_graph(graph_def, self._train_dir, 'graph.pbtxt')
+    writer = self._writer()
+    writer.add_graph(graph)
+    writer.add_meta_graph(self._scaffold.saver.export_meta_graph())
+
+  def _writer(self):
+    """The events file's writer, made when first used: a start that writes
+    nothing makes no file."""
+    return events_writer(self._train_dir)
+
+  def _saved_already(self, step):
+    """Whether the newest checkpoint is of step and holds every variable:
+    the model the session starts from (a finished run started again)."""
+    newest = tf.train.latest_checkpoint(self._train_dir)
+    if not newest or checkpoints.step_of(newest) != step:
+      return False
+    try:
+      return not checkpoints.missing_from(newest, tf1.global_variables())
+    except (tf.errors.OpError, ValueError):
+      return False  # Damaged: written anew.
 
   def before_run(self, run_context):
     return tf1.train.SessionRunArgs(self._global_step)  # Read in the step.
@@ -126,6 +172,8 @@ class CheckpointSaverHook(tf1.train.SessionRunHook):
       step = session.run(self._global_step)
       if step != self._last_saved:
         self._save(session, step)
+      if self._train_dir in _EVENTS:  # Its events out before an exit.
+        _EVENTS[self._train_dir].flush()
       return
     except liveness.LOST_TASK_ERRORS as e:  # Before the save.
       error = checkpoints.write_failure(
@@ -150,7 +198,7 @@ class CheckpointSaverHook(tf1.train.SessionRunHook):
           checkpoints.first_line(e)) from e
     except tf.errors.OpError as e:
       raise checkpoints.write_failure(self._train_dir, step, e) from e
-    self._writer.add_session_log(tf1.SessionLog(
+    self._writer().add_session_log(tf1.SessionLog(
         status=tf1.SessionLog.CHECKPOINT,
         checkpoint_path=os.path.join(self._train_dir, 'model.ckpt')), step)
     checkpoints.keep_newest(saver, self._train_dir)
