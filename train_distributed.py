@@ -261,8 +261,7 @@ def session_parts(task, cluster, graph, master, config, train_dir):
       save_summaries_steps=FLAGS.save_summaries_steps,
       replicas=FLAGS.replicas_to_aggregate or len(task.worker_hosts),
       trace_steps=[int(s) for s in FLAGS.trace_steps],
-      set_aside=FLAGS.set_aside,
-      trains=not (resume and resume.step >= FLAGS.max_steps))
+      set_aside=FLAGS.set_aside)
   return session.SessionCreator(scaffold, master, config, task, train_dir,
                                 resume, shadows), hooks
 

@@ -34,7 +34,7 @@ def train(train_dir, steps, save_steps):
                                          ())]) as sess:
       while not sess.should_stop():
         sess.run(train_op)
-  tf1.summary.FileWriterCache.clear()  # Flushes and closes the writer.
+  hooks.events_writer(train_dir).close()  # Flushes and closes it.
   [events] = [f for f in os.listdir(train_dir) if f.startswith('events')]
   logged = []
   for event in tf1.train.summary_iterator(os.path.join(train_dir, events)):

@@ -84,7 +84,9 @@ def test_script_runs_a_cluster_with_an_evaluator(tmp_path, tiny_data,
   train_dir = tmp_path / 'elsewhere'
   train_dir.mkdir()
   (train_dir / 'stale.txt').write_text('from an earlier run')
-  # And an earlier run's logs, whose lines the script's stream would show.
+  # And an earlier run's logs, whose lines the script's stream showed when
+  # its tail opened a log before the task's own redirection emptied it (a
+  # race it often won on a resumed start, not always).
   (tmp_path / 'logs').mkdir()
   for name, kind in (('worker0', 'Train'), ('evaluator', 'Test')):
     (tmp_path / 'logs' / (name + '.log')).write_text(

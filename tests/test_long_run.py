@@ -443,12 +443,11 @@ def test_evaluator_evaluates_each_checkpoint_content_once(procs, tiny_data,
   procs.trainer('watching', '--max_steps=6', *evaluator)  # Past 5: it stays.
   procs.wait_for_line('watching', ': step 5, loss = ', 90)
   written = os.stat(path + '.index').st_mtime_ns
-  time.sleep(0.01)  # A later time on any file system's clock.
-  for name in glob.glob(path + '.*'):  # Written anew, byte for byte.
-    with open(name, 'rb') as f:
-      content = f.read()
-    with open(name, 'wb') as f:
-      f.write(content)
+  # Written anew, byte for byte, each file replaced whole, the index last.
+  for name in sorted(glob.glob(path + '.*'), key=lambda n: n.endswith(
+      '.index')):
+    shutil.copyfile(name, name + '.tmp')
+    os.replace(name + '.tmp', name)
   assert os.stat(path + '.index').st_mtime_ns != written
   said = ('Evaluator: %s holds the model evaluated already (model.ckpt-5, '
           'results.jsonl): not evaluated again' % path)

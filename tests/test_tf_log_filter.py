@@ -215,14 +215,17 @@ sys.setswitchinterval(1e-6)  # Threads take turns between any two writes.
 
 def talk(name):
   for i in range(200):
-    print('thread', name, 'line', i, flush=i % 2)  # Five writes each.
-    print('thread', name, 'error', i, file=sys.stderr)
+    print('thread', name, 'line', i, flush=i % 2)  # Eight writes each.
+    sys.stderr.write('thread %d error %d\nthread %d error %d.1\n' % (
+        name, i, name, i))  # Two lines in one write.
 
 threads = [threading.Thread(target=talk, args=(n,)) for n in range(8)]
 for t in threads:
   t.start()
 for t in threads:
   t.join()
+print('flushed before', end=' ', flush=True)  # Neither lost nor doubled.
+print('its end')
 '''
 
 
@@ -235,11 +238,14 @@ def test_threads_printing_at_once_print_whole_lines():
                         env=dict(os.environ, PYTHONPATH=ROOT))
   assert proc.returncode == 0, proc.stderr
   for stream, word in ((proc.stdout, 'line'), (proc.stderr, 'error')):
+    each = [['%d' % i] + (['%d.1' % i] if word == 'error' else [])
+            for i in range(200)]
     lines = stream.splitlines()
-    assert len(lines) == 8 * 200
+    assert len(lines) == 8 * sum(map(len, each)) + (word == 'line')
     for n in range(8):
       assert [line for line in lines if line.startswith('thread %d ' % n)
-             ] == ['thread %d %s %d' % (n, word, i) for i in range(200)]
+             ] == ['thread %d %s %s' % (n, word, i) for e in each for i in e]
+  assert proc.stdout.splitlines()[-1] == 'flushed before its end'
 
 
 def trainer(level):

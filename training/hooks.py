@@ -32,7 +32,9 @@ def events_writer(train_dir):
 
   Not FileWriterCache's, which writes the graph and its meta graph into
   every new file, at every start (0.5 MB, and CheckpointSaverHook's with
-  shapes after it): here the graph is written once for each graph.
+  shapes after it): here the graph is written once for each graph. A
+  FileWriter makes its file with its first event: a start that writes no
+  event (nothing to train) makes none.
   """
   if train_dir not in _EVENTS:
     _EVENTS[train_dir] = tf1.summary.FileWriter(train_dir)
@@ -129,14 +131,16 @@ class CheckpointSaverHook(tf1.train.SessionRunHook):
     graph_def = graph.as_graph_def(add_shapes=True)
     try:
       with open(os.path.join(self._train_dir, 'graph.pbtxt')) as f:
-        if text_format.Parse(f.read(), tf1.GraphDef()) == graph_def:
+        # As write_graph writes it; 0.1 s, a third of parsing the file.
+        if f.read() == text_format.MessageToString(graph_def):
           return
-    except (OSError, text_format.ParseError):
-      pass  # None yet, or cut short: written again.
-    tf1.train.write_graph(graph_def, self._train_dir, 'graph.pbtxt')
+    except (OSError, ValueError):
+      pass  # None yet, or not text: written again.
     writer = self._writer()
     writer.add_graph(graph)
     writer.add_meta_graph(self._scaffold.saver.export_meta_graph())
+    writer.flush()  # Before graph.pbtxt says it is written.
+    tf1.train.write_graph(graph_def, self._train_dir, 'graph.pbtxt')
 
   def _writer(self):
     """The events file's writer, made when first used: a start that writes
@@ -144,15 +148,18 @@ class CheckpointSaverHook(tf1.train.SessionRunHook):
     return events_writer(self._train_dir)
 
   def _saved_already(self, step):
-    """Whether the newest checkpoint is of step and holds every variable:
-    the model the session starts from (a finished run started again)."""
+    """Whether the newest checkpoint is of step, holds every variable and
+    reads back whole: the model the session starts from (a finished run
+    started again). One that is damaged is written anew."""
     newest = tf.train.latest_checkpoint(self._train_dir)
     if not newest or checkpoints.step_of(newest) != step:
       return False
     try:
-      return not checkpoints.missing_from(newest, tf1.global_variables())
+      if checkpoints.missing_from(newest, tf1.global_variables()):
+        return False
     except (tf.errors.OpError, ValueError):
-      return False  # Damaged: written anew.
+      return False
+    return checkpoints.unreadable(newest) is None
 
   def before_run(self, run_context):
     return tf1.train.SessionRunArgs(self._global_step)  # Read in the step.

@@ -49,7 +49,9 @@ class WholeLines:
 
   def __init__(self, stream):
     self._stream = stream
-    self._lock = threading.Lock()
+    # Reentrant: a report written while the lock is held (a finalizer's
+    # unraisable error, from the garbage collector) writes to it again.
+    self._lock = threading.RLock()
     self._held = threading.local()  # .text: this thread's unfinished line.
 
   def write(self, text):
@@ -60,6 +62,10 @@ class WholeLines:
       with self._lock:
         self._stream.write(lines + newline)
     return len(text)
+
+  def writelines(self, lines):
+    for line in lines:
+      self.write(line)
 
   def flush(self):
     rest, self._held.text = getattr(self._held, 'text', ''), ''

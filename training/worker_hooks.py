@@ -16,7 +16,7 @@ tf1 = tf.compat.v1
 
 def in_order(*, graph, scaffold, train_dir, task, single_process,
                  max_steps, save_checkpoint_steps, save_summaries_steps,
-                 replicas, trace_steps, set_aside, trains=True):
+                 replicas, trace_steps, set_aside):
   """A worker's session hooks, in the order they must run.
 
   Args:
@@ -27,8 +27,6 @@ def in_order(*, graph, scaffold, train_dir, task, single_process,
     replicas: Gradients a synchronous update takes.
     trace_steps: The flag's, as numbers.
     set_aside: --set_aside: the chief sets stragglers aside.
-    trains: False where the chief's checkpoint is at max_steps already: no
-      summaries, whose hook would make an events file for nothing.
   """
   task_index = task.task_index
   is_chief = task_index == 0
@@ -37,13 +35,12 @@ def in_order(*, graph, scaffold, train_dir, task, single_process,
            tf1.train.StopAtStepHook(last_step=max_steps)]
   if is_chief:
     hooks += [session_hooks.CheckpointSaverHook(
-        train_dir, save_checkpoint_steps, scaffold, task.ps_hosts)]
-    if trains:
-      hooks.append(tf1.train.SummarySaverHook(
-          save_steps=save_summaries_steps, scaffold=scaffold,
-          summary_writer=session_hooks.events_writer(train_dir)))
-    # After the first checkpoint: its read must not delay it.
-    hooks.append(session_hooks.LearningRateLineHook(graph))
+        train_dir, save_checkpoint_steps, scaffold, task.ps_hosts),
+              tf1.train.SummarySaverHook(
+                  save_steps=save_summaries_steps, scaffold=scaffold,
+                  summary_writer=session_hooks.events_writer(train_dir)),
+              # After the first checkpoint: its read must not delay it.
+              session_hooks.LearningRateLineHook(graph)]
   if graph.sync_opt:
     # After the first checkpoint too: the chief's sync thread applies the
     # others' gradients, and the checkpoint named step N must hold step N.
