@@ -31,8 +31,8 @@ def events_writer(train_dir):
   """The chief's writer of events in train_dir, made at first use.
 
   Not FileWriterCache's, which writes the graph and its meta graph into
-  every new file, at every start (0.5 MB, and CheckpointSaverHook's with
-  shapes after it): here the graph is written once for each graph. A
+  every new file, at every start (beside CheckpointSaverHook's, with
+  shapes): here the graph is written once for each graph. A
   FileWriter makes its file with its first event: a start that writes no
   event (nothing to train) makes none.
   """
@@ -124,28 +124,23 @@ class CheckpointSaverHook(tf1.train.SessionRunHook):
           self._train_dir, session.run(self._global_step), e) from e
 
   def _write_graph(self):
-    """graph.pbtxt, and the graph and meta graph for TensorBoard (1.4 MB of
-    events), unless graph.pbtxt holds this graph already: a start with the
-    graph of the last adds nothing."""
+    """graph.pbtxt, and the graph and meta graph for TensorBoard, unless
+    graph.pbtxt holds this graph already: a start with the graph of the
+    last adds nothing."""
     graph = tf1.get_default_graph()
     graph_def = graph.as_graph_def(add_shapes=True)
     try:
       with open(os.path.join(self._train_dir, 'graph.pbtxt')) as f:
-        # As write_graph writes it; 0.1 s, a third of parsing the file.
+        # As write_graph writes it: cheaper than parsing the file.
         if f.read() == text_format.MessageToString(graph_def):
           return
     except (OSError, ValueError):
       pass  # None yet, or not text: written again.
-    writer = self._writer()
+    writer = events_writer(self._train_dir)
     writer.add_graph(graph)
     writer.add_meta_graph(self._scaffold.saver.export_meta_graph())
     writer.flush()  # Before graph.pbtxt says it is written.
     tf1.train.write_graph(graph_def, self._train_dir, 'graph.pbtxt')
-
-  def _writer(self):
-    """The events file's writer, made when first used: a start that writes
-    nothing makes no file."""
-    return events_writer(self._train_dir)
 
   def _saved_already(self, step):
     """Whether the newest checkpoint is of step, holds every variable and
@@ -179,8 +174,7 @@ class CheckpointSaverHook(tf1.train.SessionRunHook):
       step = session.run(self._global_step)
       if step != self._last_saved:
         self._save(session, step)
-      if self._train_dir in _EVENTS:  # Its events out before an exit.
-        _EVENTS[self._train_dir].flush()
+      events_writer(self._train_dir).flush()  # Out before an exit.
       return
     except liveness.LOST_TASK_ERRORS as e:  # Before the save.
       error = checkpoints.write_failure(
@@ -205,7 +199,7 @@ class CheckpointSaverHook(tf1.train.SessionRunHook):
           checkpoints.first_line(e)) from e
     except tf.errors.OpError as e:
       raise checkpoints.write_failure(self._train_dir, step, e) from e
-    self._writer().add_session_log(tf1.SessionLog(
+    events_writer(self._train_dir).add_session_log(tf1.SessionLog(
         status=tf1.SessionLog.CHECKPOINT,
         checkpoint_path=os.path.join(self._train_dir, 'model.ckpt')), step)
     checkpoints.keep_newest(saver, self._train_dir)
