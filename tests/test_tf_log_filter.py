@@ -146,6 +146,13 @@ REAL = [
     b'2026-04-07 10:13:05.000001: E external/local_xla/xla/stream_executor/'
     b'cuda/cuda_driver.cc:1002] failed to allocate 80.00G (85899345920 bytes) '
     b'from device: CUDA_ERROR_OUT_OF_MEMORY: out of memory\n',
+    # A real error with the source location trace TensorFlow 2.23 adds: the
+    # trace shows with it.
+    b'E0000 00:00:1796548177.183145   26656 master_session.cc:1972] Cleanup '
+    b'partition error: UNAVAILABLE: Connection reset by peer\n'
+    b'=== Source Location Trace: ===\n'
+    b'tensorflow/core/distributed_runtime/worker.cc:126\n'
+    b'\n',
 ]
 
 
@@ -160,6 +167,34 @@ def test_filter_stream_drops_the_chatter_and_keeps_the_rest(level, kept):
   sink = io.BytesIO()
   log_filter.filter_stream(io.BytesIO(b''.join(interleaved)), sink, level)
   assert sink.getvalue() == b''.join(kept)
+
+
+# The lines of ours in a task's log: the task's name, its own lines, the
+# progress and accuracy lines.
+OURS = re.compile(r'^(job_name : |task_index : |Worker \d+: |ps \d+: |'
+                  r'Evaluator: |\d{4}-\d\d-\d\d [\d:.]+: step \d+, )')
+RECORDED = sorted(glob.glob(os.path.join(ROOT, 'tests', 'data', 'tf_logs',
+                                         '*.log')))
+
+
+@pytest.mark.parametrize('path', RECORDED, ids=os.path.basename)
+def test_each_versions_recorded_run_leaves_only_our_lines(path):
+  # The quickstart's four task logs at TF_CPP_MIN_LOG_LEVEL=0 on one
+  # TensorFlow (the file's name; each kind of record up to three times).
+  with open(path, 'rb') as f:
+    raw = f.read()
+  sink = io.BytesIO()
+  log_filter.filter_stream(io.BytesIO(raw), sink, 1)
+  ours = [line for line in raw.decode().splitlines(keepends=True)
+          if OURS.match(line)]
+  assert len(ours) > 20
+  assert sink.getvalue().decode().splitlines(keepends=True) == ours
+
+
+def test_the_recorded_runs_span_the_tested_range():
+  names = [os.path.basename(p)[:-len('.log')] for p in RECORDED]
+  assert '2.17.1' in names and '2.21.0' in names
+  assert any(n.startswith('2.23.0.dev') for n in names)
 
 
 def run_python(code, level):

@@ -44,12 +44,16 @@ LEVELS = {b'I': 0, b'W': 1, b'E': 2, b'F': 3}
 # The lines after a log line that belong to it: a status's node list
 # (`\t [[{{node ...}}]]`), the details of an error from another task, the
 # hint that closes a RESOURCE_EXHAUSTED status and the blank line after it,
-# cpu_feature_guard's second line.
+# cpu_feature_guard's second line, and the source location trace a status
+# carries since TensorFlow 2.23 (`=== Source Location Trace: ===`, then a
+# `path/file.cc:LINE` a frame and a blank line), matched by their shapes.
 CONTINUATION = re.compile(
     rb'^(\t|Additional GRPC error information from remote target |'
     rb':UNKNOWN:Error received from peer |'
     rb'Hint: If you want to see a list of allocated tensors when OOM |\r?\n$|'
-    rb'To enable the following instructions: |  device=\')')
+    rb'To enable the following instructions: |  device=\'|'
+    rb'=== Source Location Trace: ===\s*$|'
+    rb'(?:\./)?(?:[\w.+-]+/)*[\w.+-]+\.(?:cc|h|c|cpp|hpp|inc):\d+\s*$)')
 ABSL_BANNER = (b'WARNING: All log messages before absl::InitializeLog() is '
                b'called are written to STDERR')
 
