@@ -56,6 +56,7 @@ from training import ps_task
 from training import session
 from training import session_config
 from training import sync_protocol
+from training import versions
 from training import worker_hooks
 from training.hooks import StopOnSignalHook, events_writer
 
@@ -75,6 +76,7 @@ def main(_):
     tf.get_logger().addFilter(liveness.ReportLostTask(task.task_index))
     print('job_name : %s' % task.job_name)
     print('task_index : %d' % task.task_index)
+    versions.warn_if_untested(tf.__version__)  # One line; it may work.
     cluster = (tf.train.ClusterSpec({'ps': task.ps_hosts,
                                      'worker': task.worker_hosts})
                if task.ps_hosts else None)  # None: one process, no server.

@@ -225,33 +225,33 @@ def test_the_readme_table_is_the_planners(capsys):
 def test_the_busy_links_rpcs_and_ps_0_by_hand():
   # 4 workers, 1 ps, 1 Gbit/s, a 100 ms step, machines of half a core.
   # The ps link: 4 x 719,848 bytes x 1.033 x 8 bits = 23.795 ms each way;
-  # a worker's own 5.949. With the cores given the transfers (1.5 x 23.795
-  # + 1.47 x 5.949 = 44.438) hide in 0.70 x 100 ms: 100 ms. A synchronous
-  # step's RPCs: (3.0 + 2.1 x 1 ps) / 0.5 cores = 10.2 ms: 110.2 ms. Ps 0:
-  # (11.2 + 4 x 4.1) / 0.5 = 55.2 ms, below it.
+  # a worker's own 5.949. With the cores given the transfers (1.26 x 23.795
+  # + 0.60 x 5.949 = 33.551) hide in 0.33 x 100 ms but for 0.551 ms. A
+  # synchronous step's RPCs: (1.3 + 5.35 x 1 ps) / 0.5 cores = 13.3 ms:
+  # 113.851 ms. Ps 0: (9.9 + 4 x 4.4) / 0.5 = 55 ms, below it.
   def rate(mode, ps_cores=0.5, step_cv=0.0):
     return throughput.predict_images_per_sec(
         step_ms=100, model_bytes=719848, share=1.0, num_workers=4, num_ps=1,
         mbit=1000, batch_size=32, mode=mode, worker_cores=0.5,
         ps_cores=ps_cores, step_cv=step_cv)
-  assert rate('sync') == pytest.approx(4 * 32e3 / 110.2, rel=1e-4)
+  assert rate('sync') == pytest.approx(4 * 32e3 / 113.851, rel=1e-4)
   # A backup worker: the same step, 3 gradients an update.
-  assert rate('backup') == pytest.approx(3 * 32e3 / 110.2, rel=1e-4)
+  assert rate('backup') == pytest.approx(3 * 32e3 / 113.851, rel=1e-4)
   # Steps spread by 10%: the update waits for the slowest of 4 normal
   # draws, 1.0294 deviations above the mean (10.294 ms); with a backup for
   # the second slowest, 0.2970 (2.970 ms).
-  assert rate('sync', step_cv=0.1) == pytest.approx(4 * 32e3 / 120.494,
+  assert rate('sync', step_cv=0.1) == pytest.approx(4 * 32e3 / 124.145,
                                                     rel=1e-4)
-  assert rate('backup', step_cv=0.1) == pytest.approx(3 * 32e3 / 113.170,
+  assert rate('backup', step_cv=0.1) == pytest.approx(3 * 32e3 / 116.821,
                                                       rel=1e-4)
-  # Asynchronous: each worker 100 (its own link, 2.97 x 5.949, hides) +
-  # (1.6 + 2.1) / 0.5 = 107.4 ms, above 2.44 x the ps link's 23.795
-  # (58.06) and ps 0's 4 x 3.2 / 0.5 = 25.6.
-  assert rate('async') == pytest.approx(4 * 32e3 / 107.4, rel=1e-4)
-  # Ps 0 of 0.05 cores: (11.2 + 4 x 4.1) / 0.05 = 552 ms a step; 4 x 3.2 /
-  # 0.05 = 256 ms a round of asynchronous steps.
-  assert rate('sync', 0.05) == pytest.approx(4 * 32e3 / 552, rel=1e-4)
-  assert rate('async', 0.05) == pytest.approx(4 * 32e3 / 256, rel=1e-4)
+  # Asynchronous: each worker 100 (its own link, 1.86 x 5.949, hides) +
+  # (0.65 + 5.35) / 0.5 = 112 ms, above 2.34 x the ps link's 23.795
+  # (55.68) and ps 0's 4 x 3.9 / 0.5 = 31.2.
+  assert rate('async') == pytest.approx(4 * 32e3 / 112.0, rel=1e-4)
+  # Ps 0 of 0.05 cores: (9.9 + 4 x 4.4) / 0.05 = 550 ms a step; 4 x 3.9 /
+  # 0.05 = 312 ms a round of asynchronous steps.
+  assert rate('sync', 0.05) == pytest.approx(4 * 32e3 / 550, rel=1e-4)
+  assert rate('async', 0.05) == pytest.approx(4 * 32e3 / 312, rel=1e-4)
   # No cores given: the link model alone, as predict_step_ms: 100 + 23.795
   # (the pull) + the push (0.3 x 23.795 + 5.949) hidden in 0.58 x 100.
   assert throughput.predict_images_per_sec(
@@ -259,24 +259,24 @@ def test_the_busy_links_rpcs_and_ps_0_by_hand():
       mbit=1000, batch_size=32) == pytest.approx(4 * 32e3 / 123.795,
                                                  rel=1e-4)
   # At 100 Mbit/s the transfers no longer hide: the ps link 237.953 ms, the
-  # own 59.488; with the cores given 1.5 x 237.953 + 1.47 x 59.488 - 70 =
-  # 374.377 ms of them: 100 + 374.377 + 10.2 of RPCs = 484.577 ms; without
+  # own 59.488; with the cores given 1.26 x 237.953 + 0.60 x 59.488 - 33 =
+  # 302.514 ms of them: 100 + 302.514 + 13.3 of RPCs = 415.814 ms; without
   # them the pull and what of 0.3 x 237.953 + 59.488 does not hide in 58:
   # 410.827 ms.
   slow = dict(step_ms=100, model_bytes=719848, share=1.0, num_workers=4,
               num_ps=1, mbit=100, batch_size=32)
   assert throughput.predict_images_per_sec(
       worker_cores=0.5, ps_cores=0.5, **slow) == pytest.approx(
-          4 * 32e3 / 484.577, rel=1e-4)
+          4 * 32e3 / 415.814, rel=1e-4)
   assert throughput.predict_images_per_sec(**slow) == pytest.approx(
       4 * 32e3 / 410.827, rel=1e-4)
   # One asynchronous worker there: its own link is the ps's, 59.488 ms:
-  # (1.5 + 1.47) x 59.488 - 70 = 106.680 ms of transfers; with (1.6 + 2.1)
-  # / 0.5 = 7.4 of RPCs 214.080 ms, above 2.44 x 59.488 = 145.15 and ps
-  # 0's 3.2 / 0.5 = 6.4.
+  # (1.26 + 0.60) x 59.488 - 33 = 77.648 ms of transfers; with (0.65 +
+  # 5.35) / 0.5 = 12 of RPCs 189.648 ms, above 2.34 x 59.488 = 139.20 and
+  # ps 0's 3.9 / 0.5 = 7.8.
   assert throughput.predict_images_per_sec(
       worker_cores=0.5, ps_cores=0.5, mode='async',
-      **dict(slow, num_workers=1)) == pytest.approx(32e3 / 214.080, rel=1e-4)
+      **dict(slow, num_workers=1)) == pytest.approx(32e3 / 189.648, rel=1e-4)
 
 
 def test_the_expected_slowest_of_n():
@@ -290,16 +290,16 @@ def test_past_the_bytes_need_more_ps_make_a_step_slower():
   # 8 workers of 0.12 cores on 300 Mbit/s links, a 272 ms step, ps of a
   # whole core. A worker's own link carries 719,848 bytes x 1.033 x 8 bits
   # in 19.829 ms, a ps's 8 shares of it: 1 ps 158.635 ms, 2 ps (0.513)
-  # 81.422. Of 1.5 x the ps link + 1.47 x the own, what does not hide in
-  # 0.70 x 272: 1 ps 76.702 ms, 2 ps and more none. Each ps costs each
-  # worker (3.0 + 2.1 P) / 0.12 ms of RPCs: 42.5, 60, 77.5, 95. So 1 ps
-  # 391.2 ms, 2 ps 332.0, 3 ps 349.5, 4 ps 367.0; ps 0's (11.2 + 8 x 4.1) /
-  # 1 = 44 ms is below them.
+  # 81.422, 3 ps (0.355) 56.275. Of 1.26 x the ps link + 0.60 x the own,
+  # what does not hide in 0.33 x 272: 1 ps 122.018 ms, 2 ps 24.729, 3 ps
+  # and more none. Each ps costs each worker (1.3 + 5.35 P) / 0.12 ms of
+  # RPCs: 55.417, 100, 144.583, 189.167. So 1 ps 449.4 ms, 2 ps 396.7, 3 ps
+  # 416.6, 4 ps 461.2; ps 0's (9.9 + 8 x 4.4) / 1 = 45.1 ms is below them.
   rows = plan_cluster.plan(272, 8, 300, plan_cluster.largest_shares(4), 32,
                            719848, 4, worker_cores=0.12, ps_cores=1.0)
-  assert [r[2] for r in rows] == pytest.approx([391.2, 332.0, 349.5, 367.0],
+  assert [r[2] for r in rows] == pytest.approx([449.4, 396.7, 416.6, 461.2],
                                                abs=0.05)
-  assert plan_cluster.fewest_within(rows) == 2  # 1 ps 15% below the best.
+  assert plan_cluster.fewest_within(rows) == 2  # 1 ps 12% below the best.
 
 
 def test_the_at_scale_table_is_the_planners(capsys):
@@ -351,9 +351,9 @@ def test_a_plan_with_cores_and_async_in_a_real_process():
          "per worker's step | images/s | x 1 ps |" in out
   rows = table_rows(out)
   assert [int(r[0]) for r in rows] == [1, 2, 3, 4]
-  # By hand: each worker's step, 272 (its own link's 2.97 x 9.915 ms hide
-  # in 0.70 x 272) + (1.6 + 2.1 P) / 0.12 ms of RPCs, above 2.44 x the ps
-  # link (1 ps: 193.5 ms) and ps 0's 8 x 3.2 / 0.12 = 213.3: 1 ps 302.83
-  # ms, 2 ps 320.33, 4 ps 355.33.
-  assert [rows[i][2] for i in (0, 1, 3)] == [302.8, 320.3, 355.3]
-  assert rows[0][3] == round(8 * 32e3 / 302.83)
+  # By hand: each worker's step, 272 (its own link's 1.86 x 9.915 ms hide
+  # in 0.33 x 272) + (0.65 + 5.35 P) / 0.12 ms of RPCs, above 2.34 x the
+  # ps link (1 ps: 185.6 ms) and ps 0's 8 x 3.9 / 0.12 = 260: 1 ps 322.0
+  # ms, 2 ps 366.58, 4 ps 455.75.
+  assert [rows[i][2] for i in (0, 1, 3)] == [322.0, 366.6, 455.8]
+  assert rows[0][3] == round(8 * 32e3 / 322.0)

@@ -32,16 +32,16 @@ def test_the_report_takes_the_median_one_process_step(tmp_path):
   assert ("one process's step on one machine 179 (176-224) ms; rounds: 3."
           in out)
   # By hand, 600 Mbit/s, machines of 0.12 cores: 1 worker 179 (its link's
-  # 9.915 ms, 2.97 x, hide in 0.70 x 179) + (3.0 + 2.1) / 0.12 = 42.5 of
-  # RPCs = 221.5 ms: 144.5 images/s. 2 workers: the transfers (1.5 x the
-  # ps link's 19.829 + 1.47 x 9.915) hide too, 42.5 of RPCs, the slowest of
-  # 2 steps 0.06 x 179 x 0.5642 = 6.060 later: 227.560 ms, 281.2 images/s
-  # (ps 0: (11.2 + 2 x 4.1) / 0.12 = 161.7 ms, below). Linear: twice each
-  # round's 1 worker.
+  # 9.915 ms, 1.86 x, hide in 0.33 x 179) + (1.3 + 5.35) / 0.12 = 55.417 of
+  # RPCs = 234.417 ms: 136.5 images/s. 2 workers: the transfers (1.26 x the
+  # ps link's 19.829 + 0.60 x 9.915) hide too, 55.417 of RPCs, the slowest
+  # of 2 steps 0.06 x 179 x 0.5642 = 6.060 later: 240.476 ms, 266.1
+  # images/s (ps 0: (9.9 + 2 x 4.4) / 0.12 = 155.8 ms, below). Linear:
+  # twice each round's 1 worker.
   assert '| 10 Gbit/s | 1 | sync | 1 | 120.0 (110.0-130.0) | 1.00 ' \
-         '(1.00-1.00) | 144 | +20% |' in out
+         '(1.00-1.00) | 137 | +14% |' in out
   assert '| 10 Gbit/s | 2 | sync | 1 | 200.0 (190.0-230.0) | 0.86 ' \
-         '(0.83-0.88) | 281 | +41% |' in out
+         '(0.83-0.88) | 266 | +33% |' in out
   assert (tmp_path / 'scaling.png').read_bytes()[:4] == b'\x89PNG'
 
 

@@ -228,7 +228,9 @@ def test_dockerfile_copies_what_the_manifest_runs():
   for source in sources:
     assert os.path.exists(os.path.join(ROOT, source)), source
   # Every module of the repository's top level (the trainer imports them),
-  # the package they use, requirements.txt and the scripts (the downloader).
+  # the package they use, both requirements files (the first reads the
+  # second) and the scripts (the downloader).
   modules = [f for f in os.listdir(ROOT) if f.endswith('.py')]
-  for needed in modules + ['training', 'requirements.txt', 'scripts']:
+  for needed in modules + ['training', 'requirements.txt',
+                           'requirements-keep-tensorflow.txt', 'scripts']:
     assert needed in sources, needed

@@ -11,7 +11,7 @@ picks for it, installs requirements-keep-tensorflow.txt into it as in a
 container that has its TensorFlow, runs pytest there (the README's
 command, or on --tests) and prints one line a version:
 
-  2.17.1 (numpy 1.26.4): 380 passed, 2 failed in 0:12:03; failed: ...
+  2.17.1 (numpy 1.26.4): 2 failed, 380 passed in 0:12:03; failed: ...
 
 Each version's install and test output: VENV_ROOT/VERSION.log. CI stays
 on requirements.txt's pins; docs/tests.md holds the table of versions.
@@ -26,7 +26,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VERSION = re.compile(r'^(nightly|2\.\d+\.\d+(?:rc\d+|\.post\d+)?)$')
 # pytest -q's last line, e.g. `2 failed, 380 passed in 718.30s (0:11:58)`.
-SUMMARY = re.compile(r'^=*\s*((?:\d+ \w+(?:, )?)+) in [\d.]+s(?: \(([\d:]+)\))?')
+SUMMARY = re.compile(r'^=*\s*((?:\d+ \w+(?:, )?)+) in ([\d.]+)s\b')
 PROBLEM = re.compile(r'^(FAILED|ERROR) (\S+)')
 
 
@@ -116,7 +116,9 @@ def run_tests(*, venv, tests, pytest_args, log):
     log.write(line)
     match = SUMMARY.match(line.strip())
     if match:
-      summary, took = match.group(1), match.group(2) or '?'
+      seconds = round(float(match.group(2)))
+      summary, took = match.group(1), '%d:%02d:%02d' % (
+          seconds // 3600, seconds // 60 % 60, seconds % 60)
     problem = PROBLEM.match(line)
     if problem:
       problems.append(problem.group(2))

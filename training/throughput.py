@@ -37,9 +37,9 @@ HIDDEN_SHARE = 0.58
 # grows by what of BUSY_BUSIEST x the busiest link's transfer and BUSY_OWN x
 # the worker's own (its pull and its push) does not fit beside
 # BUSY_HIDDEN_SHARE of the step (fitted with the RPCs' CPU below).
-BUSY_BUSIEST = 1.50
-BUSY_OWN = 1.47
-BUSY_HIDDEN_SHARE = 0.70
+BUSY_BUSIEST = 1.26
+BUSY_OWN = 0.60
+BUSY_HIDDEN_SHARE = 0.33
 # The CPU of a step's RPCs, core-ms, where the machines' cores are given
 # (--worker_cores, --ps_cores). A worker: SYNC_RPC_MS a synchronous step
 # (its token, the accumulators), ASYNC_RPC_MS an asynchronous one, and
@@ -47,20 +47,20 @@ BUSY_HIDDEN_SHARE = 0.70
 # the global step and the token queue, whatever its share of the bytes:
 # PS_WORKER_MS a worker's synchronous step, PS_UPDATE_MS an update,
 # PS_ASYNC_MS an asynchronous step. A task's RPCs and its compute share its
-# cores (as on a machine whose cores are all busy). Fitted to two runs'
+# cores (as on a machine whose cores are all busy). Fitted to three runs'
 # points together on machines of their own kept to one core each, 1-8
-# workers, 1-4 ps (tools/scaling_run.py --pool, docs/performance.md#scaling),
+# workers, 1-5 ps (tools/scaling_run.py --pool, docs/performance.md#scaling),
 # with the barrier (sync_parts).
-SYNC_RPC_MS = 3.0
-ASYNC_RPC_MS = 1.6
-PS_RPC_MS = 2.1
-PS_WORKER_MS = 4.1
-PS_UPDATE_MS = 11.2
-PS_ASYNC_MS = 3.2
+SYNC_RPC_MS = 1.3
+ASYNC_RPC_MS = 0.65
+PS_RPC_MS = 5.35
+PS_WORKER_MS = 4.4
+PS_UPDATE_MS = 9.9
+PS_ASYNC_MS = 3.9
 # Asynchronous pulls and pushes cross the busiest link at once, in both
 # directions, from every worker: it carries its bytes this many times more
 # slowly than one stream.
-ASYNC_LINK_FACTOR = 2.44
+ASYNC_LINK_FACTOR = 2.34
 
 
 def busiest_bytes(model_bytes, share, num_workers, dtype_bytes=4):
