@@ -131,11 +131,14 @@ class CheckpointSaverHook(tf1.train.SessionRunHook):
     graph_def = graph.as_graph_def(add_shapes=True)
     try:
       with open(os.path.join(self._train_dir, 'graph.pbtxt')) as f:
-        # As write_graph writes it: cheaper than parsing the file.
-        if f.read() == text_format.MessageToString(graph_def):
-          return
-    except (OSError, ValueError):
-      pass  # None yet, or not text: written again.
+        text = f.read()
+      # As write_graph writes it: cheaper than parsing the file. (2.16's
+      # writes floats another way: parsed where the text differs.)
+      if (text == text_format.MessageToString(graph_def) or
+          text_format.Parse(text, tf1.GraphDef()) == graph_def):
+        return
+    except (OSError, ValueError, text_format.ParseError):
+      pass  # None yet, or not a graph: written again.
     writer = events_writer(self._train_dir)
     writer.add_graph(graph)
     writer.add_meta_graph(self._scaffold.saver.export_meta_graph())
