@@ -145,7 +145,7 @@ def serving(home, command, port):
   with open(log_path, 'w') as log:
     proc = subprocess.Popen(argv(command, '--port=%d' % port), cwd=home,
                             stdout=log, stderr=subprocess.STDOUT,
-                            env=suite_env())
+                            env=suite_env({'PYTHON': sys.executable}))
   try:
     ready = 'TensorBoard %s at http://localhost:%d/ (Press CTRL+C to quit)' % (
         importlib.metadata.version('tensorboard'), port)
