@@ -83,6 +83,23 @@ CHATTER = [
     b'add report_tensor_allocations_upon_oom to RunOptions for current '
     b'allocation info. This isn\'t available when running in Eager mode.\n'
     b'\n',
+    # A peer's cancelled TakeGrad on TensorFlow 2.23: its details open with
+    # the status code and end with the source location trace (as a test's
+    # ps log showed them; the line they follow, which the filter dropped
+    # there, as 2.21 writes it).
+    b'W0000 00:00:1796093235.576267    8462 local_rendezvous.cc:412] Local '
+    b'rendezvous is aborting with status: CANCELLED: TakeGrad operation was '
+    b'cancelled\n'
+    b'Additional GRPC error information from remote target /job:ps/replica:0'
+    b'/task:0 while calling /tensorflow.WorkerService/RecvTensor:\n'
+    b':CANCELLED:TakeGrad operation was cancelled\n'
+    b'\t [[{{node cifar10_sync_replicas/ResourceAccumulatorTakeGradient_3}}]]\n'
+    b"\t [[GradientDescent/update/NoOp_1_S182]] [type.googleapis.com/"
+    b"tensorflow.DerivedStatus='']\n"
+    b'=== Source Location Trace: ===\n'
+    b'external/xla/xla/tsl/distributed_runtime/rpc/grpc_util.h:89\n'
+    b'tensorflow/core/common_runtime/executor.cc:1155\n'
+    b'\n',
     # Platform notes. Intel Xeon with AVX-512 and AMX, every worker, the
     # evaluator and a single process (the input pipeline's uint8 transpose);
     # AMD EPYC Zen 4 prints it too, with another data type on other graphs.

@@ -47,11 +47,13 @@ LEVELS = {b'I': 0, b'W': 1, b'E': 2, b'F': 3}
 # cpu_feature_guard's second line, and the source location trace a status
 # carries since TensorFlow 2.23 (`=== Source Location Trace: ===`, then a
 # `path/file.cc:LINE` a frame and a blank line), matched by their shapes.
-# The peer's error is `:UNKNOWN:Error received from peer ...` in the gRPC of
-# TensorFlow 2.17 and later, `:{"created":"@...` (JSON) in 2.16's.
+# The peer's error, after `Additional GRPC error information ...`, opens
+# with its status code (`:UNKNOWN:Error received from peer ...`,
+# `:CANCELLED:...`) in the gRPC of TensorFlow 2.17 and later, with
+# `:{"created":"@...` (JSON) in 2.16's.
 CONTINUATION = re.compile(
     rb'^(\t|Additional GRPC error information from remote target |'
-    rb':UNKNOWN:Error received from peer |:\{"created":"@|'
+    rb':[A-Z_]+:|:\{"created":"@|'
     rb'Hint: If you want to see a list of allocated tensors when OOM |\r?\n$|'
     rb'To enable the following instructions: |  device=\'|'
     rb'=== Source Location Trace: ===\s*$|'
