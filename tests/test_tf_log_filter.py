@@ -15,10 +15,10 @@ import importlib.metadata
 import io
 import os
 import re
-import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -374,6 +374,12 @@ def is_tensorflows(line):
       r'cuInit|absl::InitializeLog|deprecat|WARNING:tensorflow', line))
 
 
+def read_lines(stream, lines):
+  """Appends each line of stream to lines, without its newline."""
+  for line in stream:
+    lines.append(line.rstrip('\n'))
+
+
 def test_scripts_and_tensorboard_print_only_their_own_lines(tiny_data,
                                                             tmp_path):
   # As a user runs them, side by side: what the network is fed, the
@@ -397,18 +403,20 @@ def test_scripts_and_tensorboard_print_only_their_own_lines(tiny_data,
     serving = 'TensorBoard %s at http://localhost:%d/' % (
         importlib.metadata.version('tensorboard'), port)
     tensorboard = procs.pop('tensorboard')
-    lines = []
+    lines = []  # Its stderr, line by line, read by a thread of its own.
+    reader = threading.Thread(target=read_lines,
+                              args=(tensorboard.stderr, lines), daemon=True)
+    reader.start()
     deadline = time.time() + 120  # A bound against a hang.
-    while not lines or not lines[-1].startswith(serving):  # Until it serves,
+    while not any(l.startswith(serving) for l in lines):  # Until it serves,
       assert tensorboard.poll() is None and time.time() < deadline, lines
-      if select.select([tensorboard.stderr], [], [], 0.5)[0]:
-        lines.append(tensorboard.stderr.readline().rstrip('\n'))
+      time.sleep(0.2)
     # and does (Ctrl-C before that is a KeyboardInterrupt in its start-up).
     with urllib.request.urlopen('http://localhost:%d/' % port, timeout=60):
       pass
     tensorboard.send_signal(signal.SIGINT)  # Ctrl-C.
-    lines += tensorboard.communicate(timeout=60)[1].splitlines()
-    assert any(l.startswith(serving) for l in lines), lines
+    tensorboard.wait(timeout=60)
+    reader.join(timeout=60)
     assert not [l for l in lines if is_tensorflows(l) or 'Traceback' in l], (
         lines)
     for name, proc in procs.items():
