@@ -73,8 +73,9 @@ def preload():
   """Imports what a task imports before its main runs, as the trainer's
   prologue does, so that the children find it loaded."""
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')
-  os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
   sys.path.insert(0, ROOT)
+  from training import process  # pylint: disable=g-import-not-at-top
+  process.tensorflow_defaults()
   for name in trainer_imports():
     try:
       importlib.import_module(name)

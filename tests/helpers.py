@@ -355,25 +355,35 @@ def wait_until(predicate, timeout, what, procs):
       what, timeout, procs.tails() if procs else '(none)'))
 
 
-def run_in_group(command, timeout, **popen_args):
-  """Runs a script that starts tasks of its own, in a session of its own;
-  kills the group (the script and every task it started) whatever happens.
-  Returns (exit status, what it printed)."""
+@contextlib.contextmanager
+def in_group(command, **popen_args):
+  """Starts command in a session of its own, its output piped; yields the
+  Popen and kills the group (it and what it started) when the block ends,
+  however it ends."""
   proc = subprocess.Popen(command, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True,
                           start_new_session=True, **popen_args)
   try:
-    out, _ = proc.communicate(timeout=timeout)
-  except subprocess.TimeoutExpired:
-    os.killpg(proc.pid, signal.SIGKILL)
-    out = proc.communicate()[0] + '\n(killed: still running after %d s)' % (
-        timeout)
+    yield proc
   finally:
     try:
       os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
       pass
     proc.wait()
+
+
+def run_in_group(command, timeout, **popen_args):
+  """Runs a script that starts tasks of its own, in a session of its own;
+  kills the group (the script and every task it started) whatever happens.
+  Returns (exit status, what it printed)."""
+  with in_group(command, **popen_args) as proc:
+    try:
+      out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      os.killpg(proc.pid, signal.SIGKILL)
+      out = proc.communicate()[0] + '\n(killed: still running after %d s)' % (
+          timeout)
   return proc.returncode, out
 
 

@@ -4,6 +4,7 @@ Its slow-network runs need root and iproute2, as CI has; elsewhere the test
 checks that the script says why it skipped them.
 """
 
+import importlib.util
 import json
 import os
 import signal
@@ -26,7 +27,17 @@ from training import throughput
 # baseline, which --only keeps.
 PEER_ROW = "TF2's ParameterServerStrategy, 1 ps + 2 workers (async)"
 SYNC_ROW = '1 ps + 2 workers, sync'
-RUNS = {'single process', SYNC_ROW, PEER_ROW}
+# And PyTorch's, one process and DDP, where it is installed (CI installs
+# tools/requirements-peers.txt).
+TORCH_ROW = 'PyTorch, one process'
+DDP_ROW = 'PyTorch DDP over gloo, 2 processes'
+HAS_TORCH = importlib.util.find_spec('torch') is not None
+RUNS = {'single process', SYNC_ROW, PEER_ROW} | (
+    {TORCH_ROW, DDP_ROW} if HAS_TORCH else set())
+# The multiply-adds of an image through the net, by hand: each conv's
+# output pixels x channels x kernel inputs, and the dense layer.
+MULTIPLY_ADDS = (15 * 15 * 32 * 27 + 13 * 13 * 32 * 288 + 13 * 13 * 64 * 288 +
+                 6 * 6 * 80 * 64 + 4 * 4 * 192 * 720 + 768 * 10)
 
 
 @pytest.mark.alone  # Its processes' CPU per image, in cores used.
@@ -38,7 +49,7 @@ def test_benchmark_quick_run(tmp_path):
   proc = subprocess.Popen(
       [sys.executable, os.path.join(ROOT, 'tools', 'benchmark.py'),
        '--quick', '--steps=16', '--batch_size=16', '--json', str(out),
-       '--only=^1 ps \\+ 2 workers, sync$|^TF2.*\\(async\\)$'] +
+       '--only=^1 ps \\+ 2 workers, sync$|^TF2.*\\(async\\)$|^PyTorch'] +
       ['--perf'] * perf,
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
       cwd=str(tmp_path), start_new_session=True)
@@ -75,7 +86,8 @@ def test_benchmark_quick_run(tmp_path):
   cores = len(os.sched_getaffinity(0))
   expected_tasks = {'single process': {'worker0'},
                     SYNC_ROW: {'ps0', 'worker0', 'worker1'},
-                    PEER_ROW: {'ps0', 'worker0', 'worker1', 'coordinator'}}
+                    PEER_ROW: {'ps0', 'worker0', 'worker1', 'coordinator'},
+                    TORCH_ROW: {'worker0'}, DDP_ROW: {'worker0', 'worker1'}}
   for name, run in results['training'].items():
     ms = run['cpu_ms_per_image']
     assert set(ms) == expected_tasks[name], name
@@ -97,6 +109,8 @@ def test_benchmark_quick_run(tmp_path):
         'ratio': pytest.approx(ratio), 'ratios': [pytest.approx(ratio)]}
     assert '| %s | %.2fx | %.2f |' % (name, ratio, ratio) in stdout
   assert set(results['against_tf2']) == {'single process', SYNC_ROW}
+  assert_against_pytorch(results, stdout)
+  assert_peak(results, stdout)
   assert all(rate > 0 for rate in results['input'].values())
   assert results['bytes']['trainable_parameters'] == 179962
   startup = results['startup']
@@ -105,11 +119,46 @@ def test_benchmark_quick_run(tmp_path):
   assert_network(results, stdout, tmp_path / 'benchmark_network.png')
 
 
+def assert_against_pytorch(results, stdout):
+  """Our one process over PyTorch's, our synchronous cluster over DDP; or
+  the line that says PyTorch is not installed."""
+  if not HAS_TORCH:
+    assert results['against_pytorch'] == {}
+    assert 'PyTorch is not installed: its rows are left out' in stdout
+    return
+  training = results['training']
+  pairs = {'single process': TORCH_ROW, SYNC_ROW: DDP_ROW}
+  assert set(results['against_pytorch']) == set(pairs)
+  for ours, theirs in pairs.items():
+    ratio = (training[ours]['images_per_sec'] /
+             training[theirs]['images_per_sec'])
+    assert results['against_pytorch'][ours] == {
+        'pytorch': theirs, 'ratio': pytest.approx(ratio),
+        'ratios': [pytest.approx(ratio)]}
+    assert '| %s | %s | %.2fx | %.2f |' % (ours, theirs, ratio,
+                                           ratio) in stdout
+
+
+def assert_peak(results, stdout):
+  """FLOP an image trained: 2 a multiply-add, 3 passes; each row's share of
+  the peak this machine's /proc/cpuinfo gives."""
+  assert results['flop_per_image'] == 6 * MULTIPLY_ADDS == 43624512
+  peak = results['peak']
+  assert peak['cores'] == len(os.sched_getaffinity(0))
+  assert peak['flop_per_cycle'] in (16, 32, 64)
+  assert peak['gflops'] == pytest.approx(
+      peak['cores'] * peak['ghz'] * peak['flop_per_cycle'])
+  for name, run in results['training'].items():
+    gflops = run['images_per_sec'] * 43624512 / 1e9
+    assert '| %s | %.1f | %.0f%% |' % (
+        name, gflops, 100 * gflops / peak['gflops']) in stdout
+
+
 def assert_perf(results, stdout):
-  """--perf split our runs' CPU (not the peer's) by process and kind of
+  """--perf split our runs' CPU (not the peers') by process and kind of
   work; its samples and /proc's counters measure the workers' alike."""
   for name, run in results['training'].items():
-    if name == PEER_ROW:
+    if name in (PEER_ROW, TORCH_ROW, DDP_ROW):
       assert 'perf_ms_per_image' not in run
       continue
     groups = run['perf_ms_per_image']
@@ -277,8 +326,35 @@ def test_the_plain_graph_row_runs_beside_the_packed_one():
   sync = names.index('1 ps + 2 workers, sync')
   plain = benchmark.CONFIGS[sync + 1]
   assert plain == ('1 ps + 2 workers, sync, plain graph', 1, 2,
-                   ('--nopack_transfers',), False)
+                   ('--nopack_transfers',), '')
   assert [c.name for c in benchmark.chosen_configs(
       quick=False, only='plain graph')] == ['single process', plain.name]
   assert plain.name not in [c.name for c in benchmark.chosen_configs(
       quick=True, only=None)]
+
+
+@pytest.mark.parametrize('vendor, family, flags, per_cycle', [
+    ('AuthenticAMD', 25, 'avx avx2 fma', 32),  # Zen 3.
+    ('AuthenticAMD', 25, 'avx2 fma avx512f avx512_bf16', 32),  # Zen 4.
+    ('AuthenticAMD', 26, 'avx2 fma avx512f', 64),  # Zen 5.
+    ('GenuineIntel', 6, 'avx2 fma avx512f amx_bf16', 64),  # Xeon, AMX.
+    ('GenuineIntel', 6, 'avx avx2 fma', 32),
+    ('GenuineIntel', 6, 'sse4_2 avx', 16)])
+def test_the_float32_peak_of_each_cpu_kind(tmp_path, vendor, family, flags,
+                                           per_cycle):
+  import cpu_peak  # pylint: disable=g-import-not-at-top
+  info = tmp_path / 'cpuinfo'
+  info.write_text('processor\t: 0\nvendor_id\t: %s\ncpu family\t: %d\n'
+                  'cpu MHz\t\t: 2500.000\nflags\t\t: fpu %s\n\nprocessor\t: 1'
+                  '\n' % (vendor, family, flags))
+  assert cpu_peak.float32_peak(str(info), cores=2) == {
+      'cores': 2, 'ghz': 2.5, 'flop_per_cycle': per_cycle,
+      'gflops': 2 * 2.5 * per_cycle}
+
+
+def test_no_peak_without_a_clock(tmp_path):
+  import cpu_peak  # pylint: disable=g-import-not-at-top
+  info = tmp_path / 'cpuinfo'
+  info.write_text('processor\t: 0\nflags\t\t: avx2 fma\n')
+  assert cpu_peak.float32_peak(str(info)) is None
+  assert cpu_peak.float32_peak(str(tmp_path / 'missing')) is None

@@ -32,6 +32,7 @@ runs, and benchmark_report.py turns it all into tables, a plot and JSON.
 """
 
 import argparse
+import importlib.util
 import os
 import re
 import subprocess
@@ -55,6 +56,7 @@ import benchmark_network  # pylint: disable=g-import-not-at-top,wrong-import-pos
 import benchmark_report  # pylint: disable=g-import-not-at-top,wrong-import-position
 import benchmark_runs  # pylint: disable=g-import-not-at-top,wrong-import-position
 import cifar10_model  # pylint: disable=g-import-not-at-top,wrong-import-position
+import cpu_peak  # pylint: disable=g-import-not-at-top,wrong-import-position
 import cpu_profile  # pylint: disable=g-import-not-at-top,wrong-import-position
 import make_synthetic_cifar10  # pylint: disable=g-import-not-at-top,wrong-import-position
 import plan_cluster  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -63,6 +65,8 @@ from training import precision  # pylint: disable=g-import-not-at-top,wrong-impo
 tf1 = tf.compat.v1
 BASELINE = benchmark_report.BASELINE
 PEER_ROW = benchmark_report.PEER_ROW
+TORCH_ROW = benchmark_report.TORCH_ROW
+DDP_ROW = benchmark_report.DDP_ROW
 NETWORK_RATES = '10000,1000,100'  # Mbit/s: 10 Gbit/s, 1 Gbit/s, 100 Mbit/s.
 # Beside 2 workers, 8 with the same examples a step: 4 times the bytes per
 # image, where the planner's model of the busiest link matters most.
@@ -70,16 +74,17 @@ NETWORK_WORKERS = '2,8'
 
 
 class Config(NamedTuple):
-  """A training row: its cluster, and the trainer's flags (with peer, those
-  of TF2's strategy, tools/tf2_peer.py)."""
+  """A training row: its cluster, and the trainer's flags; with peer 'tf2'
+  TF2's strategy (tools/tf2_peer.py) and its flags, with 'torch' PyTorch
+  (tools/torch_peer.py), num_workers processes."""
   name: str
   num_ps: int
   num_workers: int
   flags: tuple = ()
-  peer: bool = False
+  peer: str = ''
 
 
-SYNC_ROW = '1 ps + 2 workers, sync'
+SYNC_ROW = benchmark_report.SYNC_ROW
 CONFIGS = (
     Config(BASELINE, 0, 1),
     Config('single process, mixed precision', 0, 1, ('--mixed_precision',)),
@@ -93,11 +98,14 @@ CONFIGS = (
     Config('1 ps + 2 workers, async', 1, 2, ('--nosync_replicas',)),
     Config('2 ps + 2 workers, sync', 2, 2),
     Config('2 ps + 2 workers, async', 2, 2, ('--nosync_replicas',)),
-    Config(PEER_ROW, 1, 2, ('--moving_averages',), peer=True),
-    Config(PEER_ROW + ', no moving averages', 1, 2, peer=True))
+    Config(PEER_ROW, 1, 2, ('--moving_averages',), peer='tf2'),
+    Config(PEER_ROW + ', no moving averages', 1, 2, peer='tf2'),
+    Config(TORCH_ROW, 0, 1, peer='torch'),
+    Config(DDP_ROW, 0, 2, peer='torch'))
 # --quick: the baseline, 1 ps + 2 workers synchronous and asynchronous, and
-# TensorFlow 2's own asynchronous strategy beside them.
-QUICK_RUNS = (BASELINE, SYNC_ROW, '1 ps + 2 workers, async', PEER_ROW)
+# TensorFlow 2's own asynchronous strategy and PyTorch beside them.
+QUICK_RUNS = (BASELINE, SYNC_ROW, '1 ps + 2 workers, async', PEER_ROW,
+              TORCH_ROW, DDP_ROW)
 
 
 def parse_args(argv):
@@ -212,7 +220,7 @@ def measure(args, *, work, data_dir):
   steps = args.steps or (40 if args.quick else 120)
   rounds = args.rounds or (1 if args.quick else 3)
   flags = ['--num_gpus=%d' % args.num_gpus] if args.num_gpus else []
-  results = {'machine': benchmark_report.cpu_model(),
+  results = {'machine': cpu_peak.cpu_model(),
              'cpu_bf16': precision.cpu_bf16_flags(),
              'cores': len(os.sched_getaffinity(0)),
              'tensorflow': tf.__version__, 'batch_size': args.batch_size,
@@ -229,6 +237,10 @@ def measure(args, *, work, data_dir):
       measured, num_workers={c.name: c.num_workers for c in CONFIGS},
       num_gpus=args.num_gpus)
   results['against_tf2'] = benchmark_report.against_tf2(results['training'])
+  results['against_pytorch'] = benchmark_report.against_torch(
+      results['training'])
+  results['flop_per_image'] = flop_per_image()
+  results['peak'] = cpu_peak.float32_peak()
   results['startup'] = startup(results['training'],
                                tries=1 if args.quick else 2)
   results['bytes'] = bytes_per_step()
@@ -240,13 +252,19 @@ def measure(args, *, work, data_dir):
 
 def chosen_configs(*, quick, only):
   """The Configs to train: those --only finds (and the single process, the
-  ratios' baseline), else with --quick those of QUICK_RUNS, else all."""
+  ratios' baseline), else with --quick those of QUICK_RUNS, else all; the
+  PyTorch rows only where PyTorch is installed (one line says so)."""
   if only:
-    return [c for c in CONFIGS if c.name == BASELINE or re.search(only,
-                                                                  c.name)]
-  if quick:
-    return [c for c in CONFIGS if c.name in QUICK_RUNS]
-  return list(CONFIGS)
+    configs = [c for c in CONFIGS if c.name == BASELINE or re.search(
+        only, c.name)]
+  else:
+    configs = [c for c in CONFIGS if c.name in QUICK_RUNS or not quick]
+  if (any(c.peer == 'torch' for c in configs) and
+      importlib.util.find_spec('torch') is None):
+    print('PyTorch is not installed: its rows are left out (pip install -r '
+          'tools/requirements-peers.txt to measure against it).', flush=True)
+    configs = [c for c in configs if c.peer != 'torch']
+  return configs
 
 
 def train_all(*, configs, rounds, data_dir, work, steps, batch_size, flags,
@@ -262,7 +280,11 @@ def train_all(*, configs, rounds, data_dir, work, steps, batch_size, flags,
       print('Training, round %d of %d: %s...' % (i + 1, rounds, config.name),
             flush=True)
       name = '%s_%d' % (re.sub(r'\W+', '_', config.name), i)
-      if config.peer:
+      if config.peer == 'torch':
+        measured[config.name].append(benchmark_runs.run_torch_peer(
+            name=name, data_dir=data_dir, work=work, steps=steps,
+            batch_size=batch_size, world_size=config.num_workers))
+      elif config.peer:
         measured[config.name].append(benchmark_runs.run_peer(
             name=name, data_dir=data_dir, work=work, steps=steps,
             batch_size=batch_size, flags=list(config.flags)))
@@ -320,6 +342,24 @@ def import_seconds(tries):
                    env=dict(os.environ, TF_USE_LEGACY_KERAS='1'))
     times.append(time.time() - start)
   return min(times)
+
+
+def flop_per_image():
+  """FLOP to train on one image: the multiply-adds of the convolutions and
+  the dense layer, 2 FLOP each, three times (the forward pass, the
+  gradients of the inputs and of the weights); the rest (BatchNorm, ReLU,
+  pools, the update) is a few percent of that, left out."""
+  with tf.Graph().as_default():
+    cifar10_model.inference(tf1.placeholder(tf.float32, [1, 32, 32, 3]))
+    macs = 0
+    for op in tf1.get_default_graph().get_operations():
+      if op.type == 'Conv2D':
+        out = op.outputs[0].shape.as_list()
+        kernel = op.inputs[1].shape.as_list()
+        macs += out[1] * out[2] * int(np.prod(kernel))
+      elif op.type == 'MatMul':
+        macs += int(np.prod(op.inputs[1].shape.as_list()))
+  return 3 * 2 * macs
 
 
 def bytes_per_step():

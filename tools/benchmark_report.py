@@ -8,32 +8,19 @@ starts nothing and needs no TensorFlow.
 """
 
 import json
-import platform
 import statistics
 
 import cpu_profile
 from training import throughput
 
-def cpu_model(cpuinfo='/proc/cpuinfo'):
-  """This machine's CPU as /proc/cpuinfo names it, with its family and
-  model (AMD's family 25 is Zen 3 at model 1, Zen 4 at model 17)."""
-  fields = {}
-  try:
-    with open(cpuinfo) as f:
-      for line in f:
-        key, _, value = line.partition(':')
-        fields.setdefault(key.strip(), value.strip())
-  except OSError:
-    pass
-  name = fields.get('model name') or platform.processor() or (
-      platform.machine())
-  if 'cpu family' in fields and 'model' in fields:
-    name += ' (family %s model %s)' % (fields['cpu family'], fields['model'])
-  return name
-
-
 BASELINE = 'single process'  # What each row's 'x single process' is to.
 PEER_ROW = "TF2's ParameterServerStrategy, 1 ps + 2 workers (async)"
+SYNC_ROW = '1 ps + 2 workers, sync'
+TORCH_ROW = 'PyTorch, one process'
+DDP_ROW = 'PyTorch DDP over gloo, 2 processes'
+# Each of our rows beside the PyTorch row on the same cores and images a
+# step a process.
+TORCH_PAIRS = ((BASELINE, TORCH_ROW), (SYNC_ROW, DDP_ROW))
 DTYPE_BYTES = {'float32': 4, 'bfloat16': 2}  # The trainer's --transfer_dtype.
 
 
@@ -86,12 +73,13 @@ def median_profile(profiles):
 
 def against_peer(training):
   """{our row: (median, [per round]) of its images/s over TF2's strategy's
-  (PEER_ROW) in the same round}, for every row measured beside it."""
+  (PEER_ROW) in the same round}, for every row of ours measured beside it."""
   if PEER_ROW not in training:
     return {}
   peer = training[PEER_ROW]['ratios']
   ratios = {name: [r / p for r, p in zip(run['ratios'], peer)]
-            for name, run in training.items() if name != PEER_ROW}
+            for name, run in training.items()
+            if name not in (PEER_ROW, TORCH_ROW, DDP_ROW)}
   return {name: (statistics.median(r), r) for name, r in ratios.items()}
 
 
@@ -99,6 +87,20 @@ def against_tf2(training):
   """against_peer as the JSON holds it."""
   return {name: {'ratio': median, 'ratios': rounds}
           for name, (median, rounds) in against_peer(training).items()}
+
+
+def against_torch(training):
+  """{our row: {'pytorch': its PyTorch row, 'ratio': the median over the
+  rounds of our images/s over PyTorch's in the same round, 'ratios'}}, of
+  the TORCH_PAIRS measured."""
+  out = {}
+  for ours, theirs in TORCH_PAIRS:
+    if ours in training and theirs in training:
+      each = [a / b for a, b in zip(training[ours]['ratios'],
+                                    training[theirs]['ratios'])]
+      out[ours] = {'pytorch': theirs, 'ratio': statistics.median(each),
+                   'ratios': each}
+  return out
 
 
 def link_medians(*, name, link, rounds):
@@ -155,7 +157,8 @@ def markdown(results):
   training = results['training']
   return '\n'.join(
       input_markdown(results) + training_markdown(results) +
-      peer_markdown(training) + cpu_markdown(training) +
+      peer_markdown(training) + torch_markdown(results) +
+      peak_markdown(results) + cpu_markdown(training) +
       perf_markdown(training) + startup_markdown(results) +
       network_markdown(results['network']))
 
@@ -207,6 +210,36 @@ def peer_markdown(training):
          'same step) | x TF2 | x in each round |', '|---|---|---|']
   for name, (median, each) in ratios.items():
     out.append('| %s | %.2fx | %s |' % (name, median, per_round(each)))
+  return out
+
+
+def torch_markdown(results):
+  """The table of our rows against PyTorch's on the same cores; none
+  without PyTorch's rows."""
+  pairs = results.get('against_pytorch')
+  if not pairs:
+    return []
+  out = ['', '| against PyTorch (the same net, files and cores) | PyTorch row '
+         '| x PyTorch | x in each round |', '|---|---|---|---|']
+  for name, pair in pairs.items():
+    out.append('| %s | %s | %.2fx | %s |' % (
+        name, pair['pytorch'], pair['ratio'], per_round(pair['ratios'])))
+  return out
+
+
+def peak_markdown(results):
+  """Each row's float32 FLOP/s and its share of the cores' peak."""
+  peak = results.get('peak')
+  if not peak:
+    return []
+  out = ['', '| compute: %.1f MFLOP an image trained; peak %.0f GFLOP/s (%d '
+         'cores x %.2f GHz x %d FLOP a cycle) | GFLOP/s | of peak |' % (
+             results['flop_per_image'] / 1e6, peak['gflops'], peak['cores'],
+             peak['ghz'], peak['flop_per_cycle']), '|---|---|---|']
+  for name, run in results['training'].items():
+    gflops = run['images_per_sec'] * results['flop_per_image'] / 1e9
+    out.append('| %s | %.1f | %.0f%% |' % (name, gflops,
+                                           100 * gflops / peak['gflops']))
   return out
 
 

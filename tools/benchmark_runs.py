@@ -20,6 +20,7 @@ from training import progress
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 TRAINER = os.path.join(os.path.dirname(TOOLS), 'train_distributed.py')
 PEER = os.path.join(TOOLS, 'tf2_peer.py')
+TORCH_PEER = os.path.join(TOOLS, 'torch_peer.py')
 TICKS = os.sysconf('SC_CLK_TCK')
 
 
@@ -212,30 +213,72 @@ def run_peer(*, name, data_dir, work, steps, batch_size, flags):
   hosts = ['--ps_hosts=localhost:%d' % free[0],
            '--worker_hosts=localhost:%d,localhost:%d' % tuple(free[1:3]),
            '--chief_host=localhost:%d' % free[3]]
-  servers, sampler = {}, CpuSampler()
+  servers = {}
   launched = time.time()
   try:
     for task in ('ps0', 'worker0', 'worker1'):
       servers[task] = launch(log_path(work, name, task), [
           sys.executable, PEER, '--job_name=' + task[:-1],
           '--task_index=' + task[-1]] + hosts)
-    chief = subprocess.Popen(
-        [sys.executable, PEER, '--job_name=chief', '--data_dir=' + data_dir,
-         '--batch_size=%d' % batch_size, '--warmup_steps=%d' % (steps // 2),
-         '--steps=%d' % (steps - steps // 2)] + hosts + flags,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    sampler.start(dict({task: p.pid for task, p in servers.items()},
-                       coordinator=chief.pid))
-    try:
-      out, _ = chief.communicate(timeout=60 + steps * 10)
-    finally:
-      sampler.stop()
-      stop([chief])
+    return measure_peer(
+        name=name, task='coordinator', others=servers, steps=steps,
+        launched=launched, command=[
+            sys.executable, PEER, '--job_name=chief',
+            '--data_dir=' + data_dir, '--batch_size=%d' % batch_size,
+            '--warmup_steps=%d' % (steps // 2),
+            '--steps=%d' % (steps - steps // 2)] + hosts + flags)
   finally:
     stop(servers.values())  # They serve until killed.
-  if chief.returncode != 0:
-    raise RuntimeError('%s: its coordinator exited with %d; the end of its '
-                       'output:\n%s' % (name, chief.returncode, out[-3000:]))
+
+
+def run_torch_peer(*, name, data_dir, work, steps, batch_size, world_size):
+  """PyTorch's peer (torch_peer.py): one process, or world_size DDP ranks
+  over gloo on localhost, each its share of the cores.
+
+  Each rank trains half the steps as a warmup and measures the other half.
+  Returns the measurements of run_training (the first step: the end of the
+  warmup).
+  """
+  common = [sys.executable, TORCH_PEER, '--data_dir=' + data_dir,
+            '--batch_size=%d' % batch_size, '--warmup_steps=%d' % (steps // 2),
+            '--steps=%d' % (steps - steps // 2),
+            '--world_size=%d' % world_size,
+            '--master_port=%d' % ports.free_ports(1)[0]]
+  ranks = {}
+  launched = time.time()
+  try:
+    for rank in range(1, world_size):
+      ranks['worker%d' % rank] = launch(log_path(work, name, 'rank%d' % rank),
+                                        common + ['--rank=%d' % rank])
+    result = measure_peer(name=name, task='worker0', others=ranks,
+                          steps=steps, launched=launched,
+                          command=common + ['--rank=0'])
+    for proc in ranks.values():
+      proc.wait(timeout=60)
+    return result
+  finally:
+    stop(ranks.values())
+
+
+def measure_peer(*, name, task, command, others, steps, launched):
+  """Runs a peer's measuring process (task) beside its others {task: a
+  started process}, sampling the CPU of all; returns its measurements.
+
+  Raises:
+    RuntimeError: with the end of its output, if it fails.
+  """
+  sampler = CpuSampler()
+  proc = subprocess.Popen(command, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+  sampler.start(dict({t: p.pid for t, p in others.items()}, **{task: proc.pid}))
+  try:
+    out, _ = proc.communicate(timeout=60 + steps * 10)
+  finally:
+    sampler.stop()
+    stop([proc])
+  if proc.returncode != 0:
+    raise RuntimeError('%s: its %s exited with %d; the end of its output:\n%s'
+                       % (name, task, proc.returncode, out[-3000:]))
   return peer_result(out, sampler, launched=launched, ended=time.time())
 
 

@@ -37,7 +37,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, 'scripts'))  # The planner.
-import benchmark_report  # pylint: disable=g-import-not-at-top,wrong-import-position
+import cpu_peak  # pylint: disable=g-import-not-at-top,wrong-import-position
 from elastic_run import int_list  # pylint: disable=g-import-not-at-top,wrong-import-position
 from machine_run import Run, TaskFailed  # pylint: disable=g-import-not-at-top,wrong-import-position
 import machines  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -293,7 +293,7 @@ def measure_all(args):
              'one_process_steps_ms': [one['chief_step_ms']],
              'one_process_step_cvs': [one['step_cv']],
              'host_cores': machines.host_cores(),
-             'cpu': benchmark_report.cpu_model(),
+             'cpu': cpu_peak.cpu_model(),
              'latency_us': args.latency_us, 'runs': []}
   print('A step of %.0f ms (spread %.2f); %d runs a round, %d rounds.' % (
       one['chief_step_ms'], one['step_cv'], len(todo), args.rounds),
@@ -347,7 +347,7 @@ def check_shares(args):
         scaling_report.spread([a / b for a, b in zip(rates[name], base)], 3)))
   print('\n'.join(out))
   with open(os.path.join(args.work_dir, 'shares.json'), 'w') as f:
-    json.dump({'cpu': benchmark_report.cpu_model(), 'rates_a_core': rates,
+    json.dump({'cpu': cpu_peak.cpu_model(), 'rates_a_core': rates,
                'batch_size': args.batch_size}, f, indent=1)
   return 0
 

@@ -10,6 +10,7 @@ exit_now() ends it, whatever other threads wait for.
 
 import logging
 import os
+import platform
 import sys
 import threading
 
@@ -18,24 +19,41 @@ from training import log_filter
 
 def start():
   """The start-up prologue: TensorFlow's C++ chatter filtered, whole lines,
-  no Keras 3.
+  TensorFlow's settings (tensorflow_defaults).
 
   Call it before TensorFlow is imported.
   """
   # Before TensorFlow loads: its C++ chatter would bury the suite's lines
   # (and TF_CPP_MIN_LOG_LEVEL alone cannot hide it). Real warnings and
-  # errors still show; TF_CPP_MIN_LOG_LEVEL=0 shows everything. And no
-  # Keras 3 (unused: tf-slim has TensorFlow's own Keras 2 layers): a task
-  # starts 1-2 s sooner.
+  # errors still show; TF_CPP_MIN_LOG_LEVEL=0 shows everything.
   log_filter.install()
   sys.stdout, sys.stderr = WholeLines(sys.stdout), WholeLines(sys.stderr)
-  os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
+  tensorflow_defaults()
   # And TensorFlow's Python warnings, the TF1 API's deprecation notes at
   # every start (`WARNING:tensorflow:From ...: ... is deprecated`), which
   # the trainer's logger settings drop too; its errors show.
   if os.environ['TF_CPP_MIN_LOG_LEVEL'] in ('1', '2', '3'):
     logging.getLogger('tensorflow').addFilter(
         lambda record: record.levelno != logging.WARNING)
+
+
+def tensorflow_defaults():
+  """What TensorFlow reads from the environment as it loads, where the
+  caller's environment does not say: no Keras 3, oneDNN's kernels on every
+  x86 CPU.
+
+  Call it before TensorFlow is imported (start() does; the tests' fork
+  server too).
+  """
+  # No Keras 3 (unused: tf-slim has TensorFlow's own Keras 2 layers): a
+  # task starts 1-2 s sooner.
+  os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
+  # TensorFlow turns oneDNN on by itself only where it finds AVX512_VNNI,
+  # AVX512_BF16, AVX_VNNI or AMX: an AVX2 CPU (AMD's Zen 3, Intel's before
+  # Cascade Lake) would train on Eigen's slower convolutions
+  # (docs/performance.md#cpu-kinds). TF_ENABLE_ONEDNN_OPTS=0 turns it off.
+  if platform.machine() in ('x86_64', 'AMD64'):
+    os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '1')
 
 
 class WholeLines:
