@@ -357,12 +357,12 @@ def wait_until(predicate, timeout, what, procs):
 
 @contextlib.contextmanager
 def in_group(command, **popen_args):
-  """Starts command in a session of its own, its output piped; yields the
-  Popen and kills the group (it and what it started) when the block ends,
-  however it ends."""
-  proc = subprocess.Popen(command, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True,
-                          start_new_session=True, **popen_args)
+  """Starts command in a session of its own, its output piped (or where
+  popen_args say); yields the Popen and kills the group (it and what it
+  started) when the block ends, however it ends."""
+  proc = subprocess.Popen(command, start_new_session=True, **dict(
+      dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
+      **popen_args))
   try:
     yield proc
   finally:

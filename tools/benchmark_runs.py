@@ -248,13 +248,17 @@ def run_torch_peer(*, name, data_dir, work, steps, batch_size, world_size):
   launched = time.time()
   try:
     for rank in range(1, world_size):
-      ranks['worker%d' % rank] = launch(log_path(work, name, 'rank%d' % rank),
-                                        common + ['--rank=%d' % rank])
+      ranks['worker%d' % rank] = launch(
+          log_path(work, name, 'worker%d' % rank),
+          common + ['--rank=%d' % rank])
     result = measure_peer(name=name, task='worker0', others=ranks,
                           steps=steps, launched=launched,
                           command=common + ['--rank=0'])
-    for proc in ranks.values():
-      proc.wait(timeout=60)
+    for task, proc in ranks.items():
+      if proc.wait(timeout=60) != 0:
+        with open(log_path(work, name, task)) as f:
+          raise RuntimeError('%s: %s exited with %d; the end of its log:\n%s'
+                             % (name, task, proc.returncode, f.read()[-3000:]))
     return result
   finally:
     stop(ranks.values())
