@@ -339,22 +339,25 @@ class StopOnSignalHook(tf1.train.SessionRunHook):
 
   def _save(self):
     """Writes the checkpoint; returns what happened, for the message."""
-    try:
-      path = checkpoints.save(
-          self._scaffold.saver, self._session, self._train_dir,
-          self._session.run(self._global_step))
-      checkpoints.keep_newest(self._scaffold.saver, self._train_dir)
-      return 'wrote %s' % path
-    except Exception as e:  # pylint: disable=broad-except
-      # A lost ps closes the session (MonitoredSession waits for it):
-      # that ps is the cause, not "Attempted to use a closed Session".
-      last, _ = checkpoints.newest_readable(self._train_dir)
-      lost = liveness.lost_ps(self._ps_hosts)
-      return 'could not write a checkpoint%s; %s' % (
-          ': %s cannot be reached' % lost if lost else
-          ' (%s)' % checkpoints.first_line(e),
-          'the last one, %s, is kept' % last if last else
-          'there is none yet')
+    # A ps already lost is not asked: the main thread may be recreating the
+    # session, waiting for that ps, and a run here would wait with it.
+    lost, error = liveness.lost_ps(self._ps_hosts), None
+    if not lost:
+      try:
+        path = checkpoints.save(
+            self._scaffold.saver, self._session, self._train_dir,
+            self._session.run(self._global_step))
+        checkpoints.keep_newest(self._scaffold.saver, self._train_dir)
+        return 'wrote %s' % path
+      except Exception as e:  # pylint: disable=broad-except
+        # A ps lost since closes the session (MonitoredSession waits for
+        # it): that ps is the cause, not "Attempted to use a closed Session".
+        lost, error = liveness.lost_ps(self._ps_hosts), e
+    last, _ = checkpoints.newest_readable(self._train_dir)
+    return 'could not write a checkpoint%s; %s' % (
+        ': %s cannot be reached' % lost if lost else
+        ' (%s)' % checkpoints.first_line(error),
+        'the last one, %s, is kept' % last if last else 'there is none yet')
 
   def _exit_now(self, read_fd):
     self._exit(os.read(read_fd, 1)[0])
