@@ -57,11 +57,16 @@ def parse_args(argv):
   return args
 
 
+def log_command(command, log):
+  """Writes the `+ command` line a run's output follows in the log."""
+  log.write('+ %s\n' % ' '.join(command))
+  log.flush()
+
+
 def run_logged(command, log, **kwargs):
   """Runs command with its output appended to the open file log; returns
   its exit status."""
-  log.write('+ %s\n' % ' '.join(command))
-  log.flush()
+  log_command(command, log)
   return subprocess.call(command, stdout=log, stderr=subprocess.STDOUT,
                          **kwargs)
 
@@ -107,8 +112,7 @@ def run_tests(*, venv, tests, pytest_args, log):
   env.pop('PYTHONHOME', None)
   command = [os.path.join(venv, 'bin', 'python'), '-m', 'pytest', '-rfE'] + (
       pytest_args.split() + tests.split())
-  log.write('+ %s\n' % ' '.join(command))
-  log.flush()
+  log_command(command, log)  # Streamed below: Popen, not run_logged.
   proc = subprocess.Popen(command, cwd=ROOT, env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
   summary, took, problems = 'no summary (see the log)', '?', []

@@ -22,8 +22,8 @@ def minor_version(version):
 
 def untested_line(version):
   """The warning for a TensorFlow outside TESTED, or None within it."""
-  if minor_version(version) is not None and (
-      TESTED[0] <= minor_version(version) <= TESTED[1]):
+  minor = minor_version(version)
+  if minor is not None and TESTED[0] <= minor <= TESTED[1]:
     return None
   return ('Warning: TensorFlow %s is outside the versions this suite is '
           'tested on (%d.%d to %d.%d: docs/tests.md#tensorflow-versions); it '
