@@ -152,13 +152,19 @@ def run_tasks(*, name, work, tasks, timeout, sampler):
       except subprocess.TimeoutExpired:
         code = 'still running after %d s' % timeout
       if code != 0:
-        with open(log_path(work, name, task)) as f:
-          tail = f.read()[-3000:]
-        raise RuntimeError('%s: %s exited with %s; the end of its log:\n%s' %
-                           (name, task, code, tail))
+        raise task_failed(work=work, name=name, task=task, code=code)
   finally:
     sampler.stop()
     stop(procs.values())
+
+
+def task_failed(*, work, name, task, code):
+  """The RuntimeError of a run's task that exited with code (or hung): the
+  end of its log."""
+  with open(log_path(work, name, task)) as f:
+    tail = f.read()[-3000:]
+  return RuntimeError('%s: %s exited with %s; the end of its log:\n%s' %
+                      (name, task, code, tail))
 
 
 def stop(procs):
@@ -256,9 +262,8 @@ def run_torch_peer(*, name, data_dir, work, steps, batch_size, world_size):
                           command=common + ['--rank=0'])
     for task, proc in ranks.items():
       if proc.wait(timeout=60) != 0:
-        with open(log_path(work, name, task)) as f:
-          raise RuntimeError('%s: %s exited with %d; the end of its log:\n%s'
-                             % (name, task, proc.returncode, f.read()[-3000:]))
+        raise task_failed(work=work, name=name, task=task,
+                          code=proc.returncode)
     return result
   finally:
     stop(ranks.values())
