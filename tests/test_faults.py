@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from helpers import FAST, checkpoint_step, checkpoint_steps, cluster_flags
 from helpers import free_ports, kill9, last_step, latest_step, shard_counts
-from helpers import start_cluster, steps, wait_until
+from helpers import paused, start_cluster, steps, wait_until
 
 
 OBSERVE_SECS = 4
@@ -147,6 +147,46 @@ def test_killed_ps_is_survived_from_the_latest_checkpoint(procs, tiny_data,
   assert 'Worker 0: restored the model at global step %d' % saved in log
   assert checkpoint_step(train_dir) == 60
   assert shard_counts(train_dir, 60) == {num_ps}
+
+
+def test_ps_lost_while_the_chief_waits_for_a_token(procs, tiny_data, tmp_path):
+  """ps 1 killed while the chief's step waits on ps 0 for a token that only
+  its sync thread, which ps 1's loss stops, would give: the chief still
+  sees the loss, and the cluster restores and finishes."""
+  train_dir = str(tmp_path / 'train')
+  flags = cluster_flags(tiny_data, train_dir, num_ps=2) + [
+      '--max_steps=40', '--save_checkpoint_steps=10', '--log_frequency=1',
+      '--lost_worker_secs=120']  # Worker 1 paused is not judged hung.
+  start_cluster(procs, flags, num_ps=2)
+  wait_until(lambda: latest_step(train_dir) >= 10, 90, 'checkpoint 10',
+             procs)
+  with paused(procs, 'worker1'):
+    # Paused in its step (its token taken), worker 1 holds up the update
+    # and the chief's step waits for a token. Paused between its gradient
+    # and its next token, it leaves that token to the chief, which goes on
+    # alone: then it is paused again.
+    for _ in range(20):
+      time.sleep(1)  # The chief's step in flight ends.
+      stalled_at = last_step(procs, 'worker0')
+      time.sleep(OBSERVE_SECS)
+      if last_step(procs, 'worker0') == stalled_at:
+        break
+      procs.procs['worker1'].send_signal(signal.SIGCONT)
+      time.sleep(0.5)
+      procs.procs['worker1'].send_signal(signal.SIGSTOP)
+    else:
+      pytest.fail('the chief never waited for worker 1:\n' + procs.tails())
+    saved = checkpoint_step(train_dir)
+    kill9(procs, 'ps1')
+    wait_until(lambda: 'lost a task of the cluster' in procs.log('worker0'),
+               150, 'the chief noticing', procs)
+  procs.trainer('ps_again', '--job_name=ps', '--task_index=1', *flags)
+  codes = procs.wait_all(timeout=150)
+  assert codes == {'ps0': 0, 'ps1': -9, 'worker1': 0, 'worker0': 0,
+                   'ps_again': 0}, procs.tails()
+  log = procs.log('worker0')
+  assert 'Worker 0: restored the model at global step %d' % saved in log
+  assert checkpoint_step(train_dir) == 40
 
 
 VISIBLE_GPUS = len(tf.config.list_physical_devices('GPU'))

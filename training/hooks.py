@@ -21,6 +21,7 @@ from training import chief_start
 from training import learning_rate
 from training import liveness
 from training import process
+from training import sync_protocol
 
 tf1 = tf.compat.v1
 
@@ -52,12 +53,13 @@ class SyncReplicasHook(tf1.train.SessionRunHook):
   loop recovers) as normal; any other error goes to the coordinator.
   """
 
-  def __init__(self, opt, is_chief):
+  def __init__(self, opt, is_chief, global_step):
     self._is_chief = is_chief
     if is_chief:
       self._local_init_op = opt.chief_init_op
       self._init_tokens_op = opt.get_init_tokens_op()
       self._sync_op = opt.get_chief_queue_runner().enqueue_ops[0]
+      self._refill = sync_protocol.refill_token(global_step)
     else:
       self._local_init_op = opt.local_step_init_op
 
@@ -72,15 +74,26 @@ class SyncReplicasHook(tf1.train.SessionRunHook):
     try:
       while not coord.should_stop():
         session.run(self._sync_op)
-    except (tf.errors.CancelledError, tf.errors.OutOfRangeError, RuntimeError):
-      pass  # The session or the token queue was closed: training is over.
+    except (tf.errors.OutOfRangeError, RuntimeError):
+      pass  # The token queue or the session was closed: training is over.
     except liveness.LOST_TASK_ERRORS:
-      # A ps went away. The training loop's own step fails the same way and
-      # MonitoredSession recovers; reported to the coordinator, this error
-      # would be raised again when the broken session closes, and kill us.
-      pass
+      # Cancelled by the session's close (the coordinator stopped first),
+      # or a ps went away. The training loop's step then fails the same way
+      # and MonitoredSession recovers (reported to the coordinator, this
+      # error would be raised again when the broken session closes, and
+      # kill us); unless that step had given the lost ps its gradients and
+      # waits, on another ps, for a token only this thread would give: the
+      # token goes back, and its next step meets the lost ps.
+      if not coord.should_stop():
+        self._give_back_token(session)
     except Exception as e:  # pylint: disable=broad-except
       coord.request_stop(e)
+
+  def _give_back_token(self, session):
+    try:
+      session.run(self._refill)
+    except liveness.LOST_TASK_ERRORS + (RuntimeError,):
+      pass  # The token queue's ps is lost too: the step fails with it.
 
 
 class CheckpointSaverHook(tf1.train.SessionRunHook):

@@ -44,7 +44,8 @@ def in_order(*, graph, scaffold, train_dir, task, single_process,
   if graph.sync_opt:
     # After the first checkpoint too: the chief's sync thread applies the
     # others' gradients, and the checkpoint named step N must hold step N.
-    hooks.append(session_hooks.SyncReplicasHook(graph.sync_opt, is_chief))
+    hooks.append(session_hooks.SyncReplicasHook(
+        graph.sync_opt, is_chief, graph.global_step))
   if not single_process:
     hooks.append(presence.JoinedWorkersHook(task_index, task.worker_hosts,
                                             sync_replicas))
