@@ -42,7 +42,8 @@ MOVING_AVERAGE_DECAY = 0.9999
 
 
 def inference(images, is_training=True, dropout_keep_prob=0.8,
-              num_class=NUM_CLASSES, reuse=tf1.AUTO_REUSE):
+              num_class=NUM_CLASSES, reuse=tf1.AUTO_REUSE,
+              weight_decay=WEIGHT_DECAY):
   """Builds the network; returns logits [batch, num_class].
 
   Args:
@@ -54,6 +55,8 @@ def inference(images, is_training=True, dropout_keep_prob=0.8,
     dropout_keep_prob: Probability of keeping an activation in training.
     num_class: Number of classes.
     reuse: Variable reuse, as in the reference.
+    weight_decay: The L2 term's factor on the weights (the reference's
+      0.004), collected for loss().
   """
   batch_norm_params = {
       'decay': BATCH_NORM_DECAY,
@@ -70,7 +73,7 @@ def inference(images, is_training=True, dropout_keep_prob=0.8,
   }
   with slim.arg_scope([slim.conv2d, slim.fully_connected],
                       weights_initializer=slim.initializers.xavier_initializer(),
-                      weights_regularizer=slim.l2_regularizer(WEIGHT_DECAY),
+                      weights_regularizer=slim.l2_regularizer(weight_decay),
                       normalizer_fn=slim.batch_norm,
                       normalizer_params=batch_norm_params):
     return inference_in(images, is_training=is_training,
@@ -132,17 +135,25 @@ def averages_of_weights():
           if w.op.name + suffix in by_name}
 
 
-def loss(logits, labels):
+def loss(logits, labels, label_smoothing=0.0):
   """Returns the total loss: mean cross entropy plus the L2 weight decay.
 
   Args:
     logits: float32 [batch, num_class], from inference().
     labels: integer [batch].
+    label_smoothing: The share of each label spread evenly over all
+      classes (Szegedy et al. 2016); 0: the one-hot labels, the reference's.
   """
-  cross_entropy = tf.reduce_mean(
-      tf.nn.sparse_softmax_cross_entropy_with_logits(
-          labels=tf.cast(labels, tf.int64), logits=logits),
-      name='cross_entropy')
-  regularization = tf.add_n(tf1.losses.get_regularization_losses(),
+  if label_smoothing:
+    targets = tf.one_hot(labels, logits.shape[-1]) * (1 - label_smoothing) + (
+        label_smoothing / logits.shape[-1])
+    entropies = tf.nn.softmax_cross_entropy_with_logits(labels=targets,
+                                                        logits=logits)
+  else:
+    entropies = tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=tf.cast(labels, tf.int64), logits=logits)
+  cross_entropy = tf.reduce_mean(entropies, name='cross_entropy')
+  # None with --weight_decay=0 (slim then adds no term).
+  regularization = tf.add_n(tf1.losses.get_regularization_losses() or [0.0],
                             name='regularization_loss')
   return tf.add(cross_entropy, regularization, name='total_loss')

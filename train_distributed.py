@@ -184,6 +184,9 @@ def train_worker(task, cluster):
         images=images, labels=labels, num_ps=len(task.ps_hosts), worker=index,
         schedule=schedule(FLAGS.batch_size * (replicas if sync else 1)),
         sync=(replicas, len(task.worker_hosts)) if sync else None,
+        rule=train_graph.UpdateRule(FLAGS.optimizer, FLAGS.momentum,
+                                    FLAGS.nesterov),
+        terms=train_graph.LossTerms(FLAGS.weight_decay, FLAGS.label_smoothing),
         num_classes=data_layout.num_classes(FLAGS.data_dir)[0],
         loss_scale=(FLAGS.initial_loss_scale
                     if compute_dtype() == 'float16' else None),

@@ -13,6 +13,7 @@ from absl import app
 from absl import flags
 
 import cifar10_input
+import cifar10_model
 from training import learning_rate
 
 FLAGS = flags.FLAGS
@@ -83,6 +84,17 @@ flags.DEFINE_integer('warmup_steps', 0, 'Steps of linear warmup.')
 flags.DEFINE_enum('lr_scaling', 'none', learning_rate.SCALINGS, 'linear: '
                   '--initial_learning_rate is for 128 examples per update, '
                   'and scales with the examples an update aggregates.')
+flags.DEFINE_enum('optimizer', 'sgd', ['sgd', 'momentum'], 'sgd: plain '
+                  'SGD, the reference\'s; momentum: its accumulators beside '
+                  'their variables on the ps tasks, in the checkpoints.')
+flags.DEFINE_float('momentum', 0.9, 'With --optimizer=momentum: the factor '
+                   'each step keeps of the accumulated gradients.')
+flags.DEFINE_boolean('nesterov', False, 'With --optimizer=momentum: '
+                     'Nesterov\'s momentum.')
+flags.DEFINE_float('weight_decay', cifar10_model.WEIGHT_DECAY, 'The L2 '
+                   'term\'s factor on the weights in the loss.')
+flags.DEFINE_float('label_smoothing', 0.0, 'The share of each label spread '
+                   'evenly over the classes in the loss; 0: none.')
 flags.DEFINE_integer('seed', 0, 'Random seed; worker i uses seed + i for its '
                      'file order, shuffling and augmentation.')
 flags.DEFINE_boolean('fresh_start', False, 'Chief only: delete --train_dir and '
@@ -149,6 +161,15 @@ for _name in ('eval_interval_secs', 'intra_op_threads', 'num_gpus',
               'warmup_steps', 'crop_padding'):
   require(_name, lambda v: v >= 0, '0 or more')
 require('initial_loss_scale', lambda v: v > 0, 'more than 0')  # NaN neither.
+for _name in ('momentum', 'label_smoothing'):
+  require(_name, lambda v: 0 <= v < 1, 'at least 0 and below 1')
+require('weight_decay', lambda v: v >= 0, '0 or more')
+flags.register_multi_flags_validator(
+    ['optimizer', 'momentum', 'nesterov'],
+    lambda v: v['optimizer'] == 'momentum' or (
+        v['momentum'] == FLAGS['momentum'].default and not v['nesterov']),
+    message='--momentum and --nesterov apply with --optimizer=momentum '
+    'only: add it, or drop them')
 require('trace_steps', lambda v: all(s.isdigit() and int(s) >= 1 for s in v),
         'step numbers from 1, e.g. 50,51')
 
@@ -159,8 +180,9 @@ def parse_flags(argv):
   try:
     return FLAGS(argv)
   except flags.Error as e:
-    # absl says 'flag --NAME=VALUE: MESSAGE'; our messages name the flag.
-    mine = re.match(r'flag --[^=]+=.*?: (--.*)', str(e), re.S)
+    # absl says 'flag --NAME=VALUE: MESSAGE' (flags NAME=VALUE, ...: for
+    # several); our messages name the flag.
+    mine = re.match(r'flags? .*?: (--.*)', str(e), re.S)
     if mine:
       print('Error: %s' % mine.group(1), file=sys.stderr)
       sys.exit(2)

@@ -1,5 +1,6 @@
 """The training graph of a worker, in the article's order: devices, model,
-loss, learning rate, SyncReplicasOptimizer, moving averages, scaffold.
+loss, learning rate, optimizer, SyncReplicasOptimizer, moving averages,
+scaffold.
 
 The reference's graph with its bugs fixed: the weight decay is in the loss,
 BatchNorm's moving statistics are updated once per global step (not summed
@@ -8,6 +9,7 @@ train_distributed.py builds the input between devices() and build().
 """
 
 import collections
+import functools
 
 import tensorflow as tf
 
@@ -21,6 +23,15 @@ from training import transfers
 tf1 = tf.compat.v1
 
 DROPOUT_KEEP_PROB = 0.8  # The reference's.
+
+# The update rule the ps tasks apply: the reference's plain SGD ('sgd'), or
+# momentum ('momentum', with its factor and whether Nesterov's).
+UpdateRule = collections.namedtuple('UpdateRule', 'name momentum nesterov')
+SGD = UpdateRule('sgd', 0.9, False)
+# The loss's terms beyond the cross entropy (--weight_decay,
+# --label_smoothing; cifar10_model.loss), and the reference's.
+LossTerms = collections.namedtuple('LossTerms', 'weight_decay label_smoothing')
+REFERENCE_TERMS = LossTerms(cifar10_model.WEIGHT_DECAY, 0.0)
 
 # The tensors and ops a worker's session loop and hooks need.
 TrainingGraph = collections.namedtuple(
@@ -47,32 +58,50 @@ def devices(*, cluster, task_index, num_gpus):
       ps_strategy=placement.GreedyByBytes(cluster.num_tasks('ps')))
 
 
-def model(*, images, labels, num_ps, num_classes):
+def model(*, images, labels, num_ps, num_classes, terms=REFERENCE_TERMS):
   """The network on a batch, spread over num_ps ps tasks; returns (its
   loss with the weight decay, the batch's accuracy)."""
   with tf1.variable_scope('', partitioner=placement.partitioner(num_ps)):
     logits = cifar10_model.inference(images, is_training=True,
                                      dropout_keep_prob=DROPOUT_KEEP_PROB,
-                                     num_class=num_classes)
-  loss = cifar10_model.loss(logits, labels)
+                                     num_class=num_classes,
+                                     weight_decay=terms.weight_decay)
+  loss = cifar10_model.loss(logits, labels, terms.label_smoothing)
   accuracy = tf.reduce_mean(tf.cast(
       tf1.nn.in_top_k(logits, labels, 1), tf.float32), name='batch_accuracy')
   return loss, accuracy
 
 
-def build(*, images, labels, num_ps, worker, schedule, sync=None,
-          num_classes=cifar10_model.NUM_CLASSES, loss_scale=None,
-          loss_scale_period=precision.LossScaled.INCREMENT_PERIOD,
-          pack_transfers=False, transfer_dtype=tf.float32):
+def optimizer(rule, lr, finite=None):
+  """The optimizer of rule at the rate lr. Momentum's accumulators are slot
+  variables, each made beside its variable (on its ps) and updated there.
+
+  Args:
+    finite: precision.LossScaled's check of a step's gradients, or None.
+      Where it is false the gradients are zeros, and a rate of 0 and a
+      momentum of 1 leave the weights and the accumulators as they were.
+  """
+  if finite is not None:
+    lr = tf.where(finite, lr, 0.0)
+  if rule.name == 'sgd':
+    return tf1.train.GradientDescentOptimizer(lr)
+  momentum = rule.momentum if finite is None else tf.where(
+      finite, rule.momentum, 1.0)
+  return tf1.train.MomentumOptimizer(lr, momentum, use_nesterov=rule.nesterov)
+
+
+def build(*, images, labels, num_ps, worker, schedule, sync=None, rule=SGD,
+          terms=REFERENCE_TERMS, num_classes=cifar10_model.NUM_CLASSES,
+          loss_scale=None, pack_transfers=False, transfer_dtype=tf.float32,
+          loss_scale_period=precision.LossScaled.INCREMENT_PERIOD):
   """Builds the model, loss and train op in the current device scope.
 
   Args:
-    images, labels: A training batch.
+    images, labels, schedule: A training batch; the learning_rate.Schedule.
     num_ps, worker: The ps tasks the variables are spread over (0: none);
       this worker's index (0: the chief).
-    schedule: The learning rate's learning_rate.Schedule.
-    sync: (replicas_to_aggregate, total workers) for SyncReplicasOptimizer,
-      or None.
+    sync: (replicas_to_aggregate, workers) for SyncReplicasOptimizer, or None.
+    rule, terms: The UpdateRule, and the loss's LossTerms.
     num_classes: The logits' size: the data's classes.
     loss_scale, loss_scale_period: float16's initial loss scale (None for
       none), and the good steps in a row that double it.
@@ -83,11 +112,12 @@ def build(*, images, labels, num_ps, worker, schedule, sync=None,
   """
   global_step = tf1.train.get_or_create_global_step()
   loss, accuracy = model(images=images, labels=labels, num_ps=num_ps,
-                         num_classes=num_classes)
+                         num_classes=num_classes, terms=terms)
   lr = learning_rate.rate(schedule, global_step)
-  opt, scaled = tf1.train.GradientDescentOptimizer(lr), None
-  if loss_scale:
-    opt = scaled = precision.LossScaled(opt, loss_scale, loss_scale_period)
+  opt, scaled = optimizer(rule, lr), None
+  if loss_scale:  # It makes the optimizer for each outcome of its check.
+    opt = scaled = precision.LossScaled(functools.partial(optimizer, rule, lr),
+                                        loss_scale, loss_scale_period)
   averages = placement.ColocatedAverages(
       cifar10_model.moving_averages(global_step))
   if sync:  # Its chief applies the aggregated gradients, then the averages.

@@ -14,8 +14,7 @@ update a gradient per slot, as in deploy/k8s.yaml), it plans for all R
 running, then gives the images/s of 1..R of them running.
 
 The model (training/throughput.py) is the one the benchmark and the
-scaling run validate, printing its prediction beside each measurement
-(docs/performance.md).
+scaling run validate beside each measurement (docs/performance.md).
 """
 
 import argparse
@@ -132,8 +131,7 @@ def parse_args(argv):
                       'nothing: the sec/batch of a worker on a fast network '
                       '(or of one process on a worker machine, which leaves '
                       "out the ps tasks' own work)")
-  parser.add_argument('--num_workers', type=int,
-                      help='synchronous workers')
+  parser.add_argument('--num_workers', type=int, help='synchronous workers')
   parser.add_argument('--slots', type=int,
                       help='instead of --num_workers: the worker slots '
                       '--worker_hosts lists, each update taking a gradient '
@@ -142,14 +140,14 @@ def parse_args(argv):
   parser.add_argument('--link_gbit', type=float,
                       help="every task's link rate, Gbit/s (0.1: 100 Mbit/s)")
   add_cluster_args(parser)
-  parser.add_argument('--transfer_dtype', default='float32',
-                      choices=['float32', 'bfloat16'],
-                      help="the trainer's --transfer_dtype")
+  parser.add_argument('--transfer_dtype', default='float32', choices=[
+      'float32', 'bfloat16'], help="the trainer's --transfer_dtype")
+  parser.add_argument('--optimizer', default='sgd', choices=['sgd', 'momentum'],
+                      help="the trainer's --optimizer: the ps's variables")
   parser.add_argument('--batch_size', type=int, default=128,
                       help='per worker, for images/s (default: %(default)s)')
-  parser.add_argument('--max_ps', type=int, default=16,
-                      help='the most ps tasks to consider (default: '
-                      '%(default)s)')
+  parser.add_argument('--max_ps', type=int, default=16, help='the most ps '
+                      'tasks to consider (default: %(default)s)')
   parser.add_argument('--model_bytes', type=int,
                       help="another model's trainable float32 bytes, assumed "
                       'spread evenly over the ps (default: this network, '
@@ -180,12 +178,12 @@ def usage_problem(args):
     given += ['plot'] if args.plot else []
     given += ['at_scale'] if args.typical and args.at_scale else []
     if given or args.batch_size != 128 or args.transfer_dtype != 'float32' or (
-        args.training != 'sync' or args.step_cv):
+        args.training != 'sync' or args.step_cv or args.optimizer != 'sgd'):
       return ('%s prints %s table for its own clusters; drop --%s, or drop '
               '%s' % (which, 'the README\'s' if args.typical else
                       'docs/performance.md\'s', given[0] if given else
-                      'batch_size/--transfer_dtype/--training/--step_cv',
-                      which))
+                      'batch_size/--transfer_dtype/--training/--step_cv/'
+                      '--optimizer', which))
     needed = []
   elif args.slots is not None and args.num_workers is not None:
     return ('--slots=%d plans 1 to %d workers running; drop --num_workers'
@@ -377,6 +375,8 @@ def main(argv=None):
               mode=args.training, worker_cores=args.worker_cores,
               ps_cores=args.ps_cores, step_cv=args.step_cv)
   print(markdown(args, rows))
+  print(throughput.variables_line(args.model_bytes, shares, fewest_within(
+      rows), args.optimizer))
   if args.slots:
     num_ps = fewest_within(rows)
     print()

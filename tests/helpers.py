@@ -559,10 +559,12 @@ def assert_clean_logs(procs, expected=()):
 # A worker's graph, built in the test's process.
 
 
-def worker_graph(num_ps, sync, task_index=0, packed=True, loss_scale=None):
+def worker_graph(num_ps, sync, task_index=0, packed=True, loss_scale=None,
+                 rule=None):
   """Builds worker task_index's training graph of a cluster of num_ps ps
   tasks (0: one process) and 2 workers, on placeholders of 4 images, not
-  run; returns (the tf.Graph, its TrainingGraph)."""
+  run, with the train_graph.UpdateRule rule (None: plain SGD); returns (the
+  tf.Graph, its TrainingGraph)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import train_graph  # pylint: disable=g-import-not-at-top
   from training import learning_rate  # pylint: disable=g-import-not-at-top
@@ -584,7 +586,7 @@ def worker_graph(num_ps, sync, task_index=0, packed=True, loss_scale=None):
           schedule=learning_rate.Schedule('exponential', 0.1, 128, 'none', 0,
                                           100, 100, 0.1),
           sync=(2, 2) if sync else None, loss_scale=loss_scale,
-          pack_transfers=packed and bool(num_ps))
+          pack_transfers=packed and bool(num_ps), rule=rule or train_graph.SGD)
   if built.sync_opt:  # Not run here: no "Object was never used" at exit.
     built.sync_opt.ready_for_local_init_op.mark_used()
   return graph, built

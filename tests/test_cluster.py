@@ -69,6 +69,21 @@ BAD_FLAGS = {
     'negative_warmup_steps': (['--job_name=worker', '--task_index=0',
                                '--warmup_steps=-5'],
                               '--warmup_steps must be 0 or more (got -5)'),
+    'negative_momentum': (['--optimizer=momentum', '--momentum=-0.1'],
+                          '--momentum must be at least 0 and below 1 '
+                          '(got -0.1)'),
+    'momentum_1': (['--optimizer=momentum', '--momentum=1'],
+                   '--momentum must be at least 0 and below 1 (got 1.0)'),
+    'momentum_above_1': (['--optimizer=momentum', '--momentum=1.5'],
+                         '--momentum must be at least 0 and below 1 '
+                         '(got 1.5)'),
+    'nesterov_with_sgd': (['--nesterov'], '--momentum and --nesterov apply '
+                          'with --optimizer=momentum only: add it, or drop '
+                          'them'),
+    'label_smoothing_1': (['--label_smoothing=1'], '--label_smoothing must be '
+                          'at least 0 and below 1 (got 1.0)'),
+    'negative_weight_decay': (['--weight_decay=-0.001'], '--weight_decay must '
+                              'be 0 or more (got -0.001)'),
 }
 
 

@@ -71,6 +71,39 @@ def test_regularization_is_in_the_loss():
   np.testing.assert_allclose(loss_v, xent_v + l2_v, rtol=1e-5)
 
 
+@pytest.mark.parametrize('weight_decay, label_smoothing',
+                         [(0.001, 0.1), (0.0, 0.2)])
+def test_the_loss_with_its_weight_decay_and_label_smoothing(weight_decay,
+                                                            label_smoothing):
+  """--weight_decay and --label_smoothing, against the loss in numpy: the
+  mean over the batch of -sum(target x log softmax), the target
+  1 - s + s / 10 on the label and s / 10 elsewhere, plus weight_decay x
+  half the weights' squares (slim's l2_regularizer, not the biases)."""
+  rng = np.random.default_rng(0)
+  feed_images = rng.normal(size=(4, 32, 32, 3))
+  feed_labels = [0, 3, 9, 3]
+  with tf.Graph().as_default():
+    images = tf1.placeholder(tf.float32, [4, 32, 32, 3])
+    labels = tf1.placeholder(tf.int32, [4])
+    logits = cifar10_model.inference(images, is_training=False,
+                                     weight_decay=weight_decay)
+    loss = cifar10_model.loss(logits, labels, label_smoothing)
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      loss_v, logits_v, weights = sess.run(
+          [loss, logits, [v for v in tf1.trainable_variables()
+                          if v.op.name.endswith('weights')]],
+          {images: feed_images, labels: feed_labels})
+  logits_v = logits_v.astype(np.float64)
+  log_softmax = logits_v - np.log(np.exp(logits_v).sum(1, keepdims=True))
+  targets = np.full((4, 10), label_smoothing / 10)
+  targets[np.arange(4), feed_labels] += 1 - label_smoothing
+  expected = -(targets * log_softmax).sum(1).mean() + weight_decay * sum(
+      (w.astype(np.float64)**2).sum() / 2 for w in weights)
+  assert len(weights) == 6
+  np.testing.assert_allclose(loss_v, expected, rtol=1e-5)
+
+
 def test_batchnorm_statistics_update_in_a_training_step_only():
   with tf.Graph().as_default():
     images, labels, _, loss = build(is_training=True)

@@ -8,6 +8,7 @@ import train_graph
 from helpers import worker_graph
 from training import placement
 from training import checkpoints
+from training import partial_restore
 
 tf1 = tf.compat.v1
 
@@ -89,10 +90,15 @@ def resolved_task(op, by_name):
   return spec.job, spec.task
 
 
-@pytest.mark.parametrize('sync, loss_scale', [
-    (True, None), (False, None), (True, 2.0**15), (False, 2.0**15)],
-                         ids=['sync', 'async', 'sync_float16', 'async_float16'])
-def test_the_moving_averages_stay_on_their_ps(sync, loss_scale):
+MOMENTUM = train_graph.UpdateRule('momentum', 0.9, True)
+
+
+@pytest.mark.parametrize('sync, loss_scale, rule', [
+    (True, None, None), (False, None, None), (True, 2.0**15, None),
+    (False, 2.0**15, None), (True, None, MOMENTUM), (False, 2.0**15, MOMENTUM)],
+                         ids=['sync', 'async', 'sync_float16', 'async_float16',
+                              'sync_momentum', 'async_float16_momentum'])
+def test_the_moving_averages_stay_on_their_ps(sync, loss_scale, rule):
   """Each weight's moving average is updated on the ps that holds both.
 
   Built where ExponentialMovingAverage.apply is called (the worker, or in
@@ -102,9 +108,10 @@ def test_the_moving_averages_stay_on_their_ps(sync, loss_scale):
   each worker moved the model twice more per step. Now only scalars (the
   global step, for the decay) cross between two ps tasks. So with
   float16's loss scaling: each gradient is checked for overflow on its ps,
-  and only the verdict crosses.
+  and only the verdict crosses; so with momentum, whose accumulators are
+  updated beside their variables (only its rate and factor cross).
   """
-  graph, _ = worker_graph(2, sync, loss_scale=loss_scale)
+  graph, _ = worker_graph(2, sync, loss_scale=loss_scale, rule=rule)
   by_name = {op.name: op for op in graph.get_operations()}
   averaged = 0
   for op in graph.get_operations():
@@ -123,3 +130,29 @@ def test_the_moving_averages_stay_on_their_ps(sync, loss_scale):
         assert average == here, (op.name, average, here)
   assert averaged == len(graph.get_collection(
       tf1.GraphKeys.TRAINABLE_VARIABLES))
+
+
+@pytest.mark.parametrize('num_ps', [1, 2, 3])
+@pytest.mark.parametrize('sync', [True, False], ids=['sync', 'async'])
+def test_momentums_accumulators_sit_beside_their_variables(num_ps, sync):
+  """One accumulator for each variable the optimizer updates (each part of
+  a partitioned one), on that variable's ps; the ps tasks hold the
+  model's float32 bytes once more."""
+  graph, _ = worker_graph(num_ps, sync, rule=MOMENTUM)
+  by_name = {op.name: op for op in graph.get_operations()}
+  with graph.as_default():
+    variables = tf1.global_variables()
+    weights = tf1.trainable_variables()
+  accumulators = [v for v in variables if partial_restore.is_accumulator(v)]
+  assert sorted(v.op.name for v in accumulators) == sorted(
+      w.op.name + '/Momentum' for w in weights)
+  for accumulator in accumulators:
+    weight = by_name[accumulator.op.name[:-len('/Momentum')]]
+    assert resolved_task(accumulator.op, by_name) == resolved_task(
+        weight, by_name) == ('ps', resolved_task(weight, by_name)[1])
+  sgd, _ = worker_graph(num_ps, sync)
+  with sgd.as_default():
+    before = placement.ps_loads(tf1.global_variables(), num_ps)
+  after = placement.ps_loads(variables, num_ps)
+  assert sum(b for _, b in after) - sum(b for _, b in before) == (
+      cifar10_model.MODEL_BYTES)

@@ -111,6 +111,27 @@ def test_a_plan_and_its_plot_in_a_real_process(tmp_path):
   assert 'Traceback' not in out
 
 
+def test_the_variables_line_by_hand(capsys):
+  """What the ps tasks hold: 2 float32 copies of the 719,848 model bytes
+  (weight, moving average), 3 with momentum (its accumulator), the busiest
+  of 4 ps its 0.269835 share; the table, the bytes on the wire, the same."""
+  outs = {}
+  for optimizer in ('sgd', 'momentum'):
+    code, outs[optimizer] = in_process(
+        capsys, '--step_ms=45', '--num_workers=32', '--link_gbit=10',
+        '--max_ps=8', '--optimizer=' + optimizer)
+    assert code == 0, outs[optimizer]
+  assert table_rows(outs['sgd']) == table_rows(outs['momentum'])
+  # 1,439,696 and 388,480 bytes; 2,159,544 and 582,720.
+  assert ('Variables with --optimizer=sgd (each weight, its moving average): '
+          "1.44 MB of a checkpoint's data, 0.39 MB on the busiest of 4 ps; "
+          'the bytes on the wire are the same with either optimizer.'
+          ) in outs['sgd']
+  assert ('Variables with --optimizer=momentum (each weight, its moving '
+          "average and its accumulator): 2.16 MB of a checkpoint's data, "
+          '0.58 MB on the busiest of 4 ps') in outs['momentum']
+
+
 def test_a_plan_where_the_workers_links_are_the_limit(capsys):
   code, out = in_process(capsys, '--step_ms=10', '--num_workers=4', '--link_gbit=1',
                       '--transfer_dtype=bfloat16', '--max_ps=8')
@@ -330,8 +351,12 @@ def test_the_at_scale_table_is_the_planners(capsys):
      '(got 1.5), e.g. 0.1'),
     (['--at_scale', '--training=async'],
      "--at_scale prints docs/performance.md's table for its own clusters; "
-     'drop --batch_size/--transfer_dtype/--training/--step_cv, or drop '
-     '--at_scale'),
+     'drop --batch_size/--transfer_dtype/--training/--step_cv/--optimizer, '
+     'or drop --at_scale'),
+    (['--typical', '--optimizer=momentum'],
+     "--typical prints the README's table for its own clusters; drop "
+     '--batch_size/--transfer_dtype/--training/--step_cv/--optimizer, or drop '
+     '--typical'),
 ])
 def test_bad_training_and_cores_get_one_line(flags, says):
   code, out = planner(*flags)

@@ -101,12 +101,16 @@ def assert_float32_checkpoint(train_dir):
 
 
 # float16 on a CPU: the GPU's rewrite on CPU kernels, float16's numbers, and
-# the loss scaling with them.
+# the loss scaling with them; there, with Nesterov's momentum, whose
+# accumulators change none of the bytes on the wire.
+MOMENTUM = {'bfloat16': [], 'float16': ['--optimizer=momentum', '--nesterov']}
+
+
 @pytest.mark.parametrize('dtype', ['bfloat16', 'float16'])
 def test_both_flags_in_a_synchronous_cluster_then_resumed_async(
     procs, tiny_data, tmp_path, dtype):
   train_dir = str(tmp_path / 'train')
-  flags = cluster_flags(tiny_data, train_dir, num_ps=2)
+  flags = cluster_flags(tiny_data, train_dir, num_ps=2) + MOMENTUM[dtype]
   start_cluster(procs, flags + ['--max_steps=20', '--mixed_precision',
                                 '--mixed_precision_dtype=' + dtype,
                                 '--transfer_dtype=bfloat16',
@@ -152,11 +156,14 @@ def test_both_flags_in_a_synchronous_cluster_then_resumed_async(
     else:
       assert rewritten(train_dir, w, dtype)
   assert_float32_checkpoint(train_dir)
+  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(train_dir))
+  assert len([n for n in reader.get_variable_to_shape_map()
+              if n.endswith('/Momentum')]) == (12 if MOMENTUM[dtype] else 0)
   assert_clean_logs(procs)
   # Resumed asynchronously on 1 ps, bfloat16 on the wire; float32 compute,
-  # or float16 still (its loss scaling, asynchronous).
-  again = ['--mixed_precision', '--mixed_precision_dtype=float16'] if (
-      dtype == 'float16') else []
+  # or float16 still (its loss scaling, asynchronous, and momentum).
+  again = ['--mixed_precision', '--mixed_precision_dtype=float16'] + (
+      MOMENTUM[dtype]) if dtype == 'float16' else []
   start_cluster(procs, cluster_flags(tiny_data, train_dir) + [
       '--max_steps=30', '--nosync_replicas', '--transfer_dtype=bfloat16'] +
                 again, suffix='_again')
@@ -385,14 +392,15 @@ def test_a_worker_joining_late_does_not_reset_the_loss_scale(
   assert said and all(a >= b for a, b in zip(said, said[1:])), said
 
 
-def run_scaled_steps(steps, initial_scale, period=2000):
+def run_scaled_steps(steps, initial_scale, period=2000, rule=None):
   """Trains the trainer's graph in this process with float16's loss scaling
   from initial_scale, doubled after period good steps in a row (in
-  float32: the scaling is the same arithmetic).
+  float32: the scaling is the same arithmetic), with the
+  train_graph.UpdateRule rule (None: plain SGD).
 
   Returns:
-    [(global step after the step, skipped steps, scale, weights changed)]
-    per step.
+    [(global step after the step, skipped steps, scale, weights or
+    momentum's accumulators changed)] per step.
   """
   import train_graph  # pylint: disable=g-import-not-at-top
   from training import hooks  # pylint: disable=g-import-not-at-top
@@ -404,9 +412,11 @@ def run_scaled_steps(steps, initial_scale, period=2000):
     graph = train_graph.build(images=images, labels=labels, num_ps=0,
                               worker=0, schedule=CONSTANT_RATE,
                               loss_scale=initial_scale,
-                              loss_scale_period=period)
+                              loss_scale_period=period,
+                              rule=rule or train_graph.SGD)
     scaling = graph.loss_scaling
-    weights = tf1.trainable_variables()
+    weights = tf1.trainable_variables() + [
+        v for v in tf1.global_variables() if v.op.name.endswith('/Momentum')]
     with tf1.train.MonitoredSession(
         session_creator=tf1.train.ChiefSessionCreator(
             scaffold=train_graph.scaffold(graph)),
@@ -445,6 +455,23 @@ def test_overflowing_steps_apply_nothing_and_halve_the_scale(capsys):
     said = skipped
   assert rows[0][1] == 1  # The first.
   assert rows[-1][3]  # And it found a scale that fits.
+
+
+def test_overflowing_steps_leave_momentum_as_it_was():
+  """With Nesterov's momentum, whose accumulators would move the weights
+  and decay on a zero gradient: a step that overflowed changes neither.
+  Doubled every 3 good steps, the scale overflows again after good steps,
+  with the accumulators full."""
+  import train_graph  # pylint: disable=g-import-not-at-top
+  rows = run_scaled_steps(40, 2.0**127, period=3,
+                          rule=train_graph.UpdateRule('momentum', 0.9, True))
+  said, overflows_after_good = 0, 0
+  for step, skipped, _, changed in rows:
+    assert changed == (skipped == said), (step, skipped, changed)
+    if skipped > said and step > skipped:
+      overflows_after_good += 1
+    said = skipped
+  assert overflows_after_good >= 2, rows
 
 
 def test_every_3_good_steps_in_a_row_double_the_scale():

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from training import checkpoints
 from training import export_record
+from training import partial_restore
 from training import placement
 from training import run_records
 
@@ -37,7 +38,12 @@ def chief_start(train_dir, data, new_data, max_steps, num_ps, schedule,
     The checkpoints.Resume to resume from, or None.
   """
   resume = checkpoints.resume_point(train_dir, tf1.global_variables(),
-                                    say_as_chief, shadows.__contains__)
+                                    say_as_chief,
+                                    partial_restore.can_rebuild(shadows))
+  unused = resume and partial_restore.unused_line(resume.path,
+                                                  tf1.global_variables())
+  if unused:
+    say_as_chief(unused)
   run_records.check_data_record(train_dir, data, resume, new_data,
                                 say_as_chief)
   run_records.check_schedule_record(train_dir, schedule, resume,

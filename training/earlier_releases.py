@@ -3,8 +3,8 @@ still reads, and how.
 
   * A checkpoint without the moving averages of the weights (the releases
     before they were kept): the chief resumes it, each average starting
-    from its weight (Rebuild; checkpoints.resume_point accepts it when
-    told which variables can be rebuilt). The evaluator tests its weights
+    from its weight (partial_restore.Rebuild; checkpoints.resume_point
+    accepts it when told which variables can be rebuilt). The evaluator tests its weights
     as they are (cifar10_eval.has_averages).
   * More checkpoints than the Saver keeps (a release that forgot them at
     each restart): checkpoints.keep_newest deletes the oldest after the
@@ -17,44 +17,6 @@ still reads, and how.
 The release before the redesign (commit 1018504) saved every variable as
 this one does (tests/test_release_checkpoint.py).
 """
-
-import tensorflow as tf
-
-from training import checkpoints
-
-tf1 = tf.compat.v1
-
-
-class Rebuild:
-  """Resumes from a checkpoint that lacks the moving averages (written
-  before they were kept): the averages start from the restored weights.
-
-  Built before the graph is finalized, for the variables that checkpoint
-  lacks: a Saver of the others, and an op that sets each missing average
-  to its weight.
-  """
-
-  def __init__(self, missing, shadows):
-    """Args: missing: the variables the checkpoint lacks, all averages;
-    shadows: {moving average: its weight} of the model."""
-    self.missing = set(missing)
-    self.saver = tf1.train.Saver(
-        [v for v in tf1.global_variables() if v not in self.missing],
-        sharded=True)
-    self.init_missing = tf.group(*[
-        s.assign(shadows[s], read_value=False) for s in missing])
-
-  def restore(self, session, init_op, path):
-    """Initializes every variable, restores what the checkpoint at path
-    holds, sets the averages to their weights; returns the chief's line."""
-    session.run(init_op)
-    self.saver.restore(session, path)
-    session.run(self.init_missing)
-    return ('%s has no moving averages of the weights (an earlier release '
-            'wrote it): resuming from it, the %d averages starting from its '
-            'weights' % (path, len({checkpoints.saved_name_and_shape(v)[0]
-                                    for v in self.missing})))
-
 
 def no_data_record(train_dir):
   """What the chief adds to the line on its data when the train_dir it

@@ -121,7 +121,7 @@ def mixed_precision_hint(task_index, num_gpus, cpuinfo='/proc/cpuinfo'):
 
 
 class LossScaled(tf1.train.Optimizer):
-  """Dynamic loss scaling for float16 gradients, around plain SGD.
+  """Dynamic loss scaling for float16 gradients, around SGD or momentum.
 
   float16 gradients of a loss this small underflow to zero, so the loss is
   multiplied by a scale before the gradients and they are divided by it
@@ -138,10 +138,11 @@ class LossScaled(tf1.train.Optimizer):
     dropped and the cluster would have waited forever.
   * Nothing is applied under a cond: each gradient is checked where it was
     aggregated, on its variable's ps, and replaced by zeros when any
-    overflowed, which leaves SGD's weights exactly as they were (not a
-    momentum's: hence SGD only). So only one boolean per variable crosses
-    between the ps tasks (checking them beside the scale would have moved
-    every gradient to its ps).
+    overflowed, and the optimizer is made for that outcome (a rate of 0,
+    a momentum of 1: train_graph.optimizer), which leaves the weights and
+    momentum's accumulators exactly as they were. So only one boolean per
+    variable crosses between the ps tasks (checking them beside the scale
+    would have moved every gradient to its ps).
 
   The scale and its two counts are variables on a ps, shared by the
   workers, in a collection of their own: not saved, so a checkpoint
@@ -158,19 +159,21 @@ class LossScaled(tf1.train.Optimizer):
   INCREMENT_PERIOD = 2000
   COLLECTION = 'loss_scaling'
 
-  def __init__(self, opt, initial_scale, increment_period=INCREMENT_PERIOD):
-    """Wraps opt.
+  def __init__(self, make_opt, initial_scale,
+               increment_period=INCREMENT_PERIOD):
+    """Wraps the optimizer make_opt(finite) makes.
 
     Args:
-      opt: A GradientDescentOptimizer.
+      make_opt: Called with None (for the gradients) or with a step's
+        boolean tensor, whether its gradients were all finite; returns the
+        optimizer, which must leave every variable as it was for zero
+        gradients where that tensor is false.
       initial_scale: The scale to start from.
       increment_period: Good steps in a row that double the scale.
     """
-    if not isinstance(opt, tf1.train.GradientDescentOptimizer):
-      raise TypeError('zeroed gradients leave only plain SGD unchanged, not '
-                      '%s' % type(opt).__name__)
     super().__init__(use_locking=False, name='LossScaled')
-    self._opt = opt
+    self._make_opt = make_opt
+    self._opt = make_opt(None)
     self._period = int(increment_period)
     self._initial = {}
     with tf1.variable_scope('loss_scaling'):
@@ -242,7 +245,9 @@ class LossScaled(tf1.train.Optimizer):
     for grad, var in grads_and_vars:
       with tf1.colocate_with(var):
         kept.append((tf.where(finite, grad, tf.zeros_like(grad)), var))
-    applied = self._opt.apply_gradients(kept, global_step, name)
+    with tf1.colocate_with(self.scale):
+      opt = self._make_opt(finite)
+    applied = opt.apply_gradients(kept, global_step, name)
     with tf.control_dependencies([applied]), tf1.colocate_with(self.scale):
       return self._update_scale(finite)
 

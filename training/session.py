@@ -13,8 +13,8 @@ import sys
 import tensorflow as tf
 
 from training import checkpoints
-from training import earlier_releases
 from training import liveness
+from training import partial_restore
 from training.chief_start import say_as_chief
 
 tf1 = tf.compat.v1
@@ -70,7 +70,7 @@ class SessionCreator(tf1.train.SessionCreator):
     self._resume = resume
     # What an earlier release's checkpoint lacks, made while it can be.
     self._shadows = shadows
-    self._rebuild = (earlier_releases.Rebuild(resume.missing, shadows)
+    self._rebuild = (partial_restore.Rebuild(resume.missing, shadows)
                      if resume and resume.missing else None)
     self._sessions = 0
 
@@ -86,7 +86,7 @@ class SessionCreator(tf1.train.SessionCreator):
       if self._is_chief:
         self._resume = checkpoints.resume_point(
             self._train_dir, tf1.global_variables(), say_as_chief,
-            self._shadows.__contains__)
+            partial_restore.can_rebuild(self._shadows))
     self._sessions += 1
     self._scaffold.finalize()
     manager = tf1.train.SessionManager(
@@ -130,8 +130,8 @@ class SessionCreator(tf1.train.SessionCreator):
     return True
 
   def _restore(self, session, resume):
-    """Restores resume's checkpoint; the averages it lacks from its
-    weights."""
+    """Restores resume's checkpoint; the averages it lacks from their
+    weights, the accumulators it lacks at zero."""
     if not resume.missing:
       self._scaffold.saver.restore(session, resume.path)
     elif self._rebuild and set(resume.missing) == self._rebuild.missing:

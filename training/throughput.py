@@ -233,3 +233,23 @@ def workers_series(step_ms, max_workers, mbit, shares, batch_size,
       step_ms, model_bytes, shares[num_ps], n, mbit, dtype_bytes)
                    for n in range(1, max_workers + 1)]
           for num_ps in ps_counts if num_ps in shares}
+
+
+# The float32 copies of each weight the ps tasks hold: the weight and its
+# moving average; momentum adds its accumulator (the BatchNorm statistics,
+# 800 floats here, left out).
+VARIABLE_COPIES = {'sgd': 2, 'momentum': 3}
+
+
+def variables_line(model_bytes, shares, num_ps, optimizer):
+  """What the ps tasks hold with optimizer: a checkpoint's bytes, and the
+  busiest of num_ps ps's (shares: {num_ps: its share of the model}). The
+  optimizer changes none of the bytes on the wire: only the gradients and
+  the weights cross, whatever updates them on the ps."""
+  copies = VARIABLE_COPIES[optimizer]
+  return ('Variables with --optimizer=%s (each weight, its moving average%s): '
+          '%.2f MB of a checkpoint\'s data, %.2f MB on the busiest of %d ps; the '
+          'bytes on the wire are the same with either optimizer.' % (
+              optimizer, ' and its accumulator' if optimizer == 'momentum'
+              else '', model_bytes * copies / 1e6,
+              model_bytes * shares[num_ps] * copies / 1e6, num_ps))
