@@ -80,6 +80,8 @@ BAD_FLAGS = {
     'nesterov_with_sgd': (['--nesterov'], '--momentum and --nesterov apply '
                           'with --optimizer=momentum only: add it, or drop '
                           'them'),
+    'momentum_with_sgd': (['--momentum=0.5'], '--momentum and --nesterov '
+                          'apply with --optimizer=momentum only'),
     'label_smoothing_1': (['--label_smoothing=1'], '--label_smoothing must be '
                           'at least 0 and below 1 (got 1.0)'),
     'negative_weight_decay': (['--weight_decay=-0.001'], '--weight_decay must '

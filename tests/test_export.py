@@ -232,7 +232,8 @@ def colour(label, index):
 
 def test_an_export_of_your_own_images_names_their_classes(procs, tmp_path):
   # Three classes of one-colour PNG and JPEG images of 40x30, converted by
-  # make_cifar_binary, trained on raw pixels (--nostandardize).
+  # make_cifar_binary, trained on raw pixels (--nostandardize) with
+  # momentum, whose accumulators the export leaves out.
   names = ['apple', 'pear', 'plum']
   source = tmp_path / 'photos'
   for label, name in enumerate(names):
@@ -245,9 +246,12 @@ def test_an_export_of_your_own_images_names_their_classes(procs, tmp_path):
     make_cifar_binary.convert(str(source), data_dir, test_fraction=0.25,
                               out=quiet)
   train(procs, 'train', data_dir, train_dir, '--max_steps=4',
-        '--nostandardize')
+        '--nostandardize', '--optimizer=momentum')
   with open(os.path.join(train_dir, 'export.json')) as f:
     assert json.load(f) == {'standardize': False, 'class_names': names}
+  saved = tf.train.load_checkpoint(os.path.join(train_dir, 'model.ckpt-4'))
+  assert len([n for n in saved.get_variable_to_shape_map()
+              if n.endswith('/Momentum')]) == 12
   export_dir = str(tmp_path / 'export')
   code, out, err = run(EXPORT, '--train_dir=' + train_dir,
                        '--export_dir=' + export_dir)
@@ -256,6 +260,10 @@ def test_an_export_of_your_own_images_names_their_classes(procs, tmp_path):
                                export_dir, False, names)
   with open(os.path.join(export_dir, 'assets', 'class_names.txt')) as f:
     assert f.read() == 'apple\npear\nplum\n'
+  exported = tf.train.load_checkpoint(os.path.join(export_dir, 'variables',
+                                                   'variables'))
+  assert not [n for n in exported.get_variable_to_shape_map()
+              if 'Momentum' in n]
   images, _ = read_records(data_dir)
   probabilities = evaluator_probabilities(
       data_dir, os.path.join(train_dir, 'model.ckpt-4'), False)

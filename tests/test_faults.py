@@ -11,7 +11,10 @@ import tensorflow as tf
 
 from helpers import FAST, checkpoint_step, checkpoint_steps, cluster_flags
 from helpers import free_ports, kill9, last_step, latest_step, shard_counts
-from helpers import paused, start_cluster, steps, wait_until
+from helpers import hosts, paused, start_cluster, steps, wait_until
+from training import sync_protocol
+
+tf1 = tf.compat.v1
 
 
 OBSERVE_SECS = 4
@@ -149,6 +152,19 @@ def test_killed_ps_is_survived_from_the_latest_checkpoint(procs, tiny_data,
   assert shard_counts(train_dir, 60) == {num_ps}
 
 
+def tokens_on_ps0(ps_host):
+  """The tokens in SyncReplicasOptimizer's queue, read from ps 0 at
+  ps_host, which holds the global step and the queue beside it (the read
+  of the step fails on any other ps)."""
+  with tf.Graph().as_default():
+    with tf1.device('/job:ps/task:0'):
+      step = tf1.get_variable('global_step', [], tf.int64, use_resource=True)
+      queue = tf1.FIFOQueue(-1, tf.int64, shapes=(),
+                            shared_name=sync_protocol.TOKEN_QUEUE)
+    with tf1.Session('grpc://' + ps_host) as sess:
+      return sess.run([step.read_value(), queue.size()])[1]
+
+
 def test_ps_lost_while_the_chief_waits_for_a_token(procs, tiny_data, tmp_path):
   """ps 1 killed while the chief's step waits on ps 0 for a token that only
   its sync thread, which ps 1's loss stops, would give: the chief still
@@ -169,7 +185,8 @@ def test_ps_lost_while_the_chief_waits_for_a_token(procs, tiny_data, tmp_path):
       time.sleep(1)  # The chief's step in flight ends.
       stalled_at = last_step(procs, 'worker0')
       time.sleep(OBSERVE_SECS)
-      if last_step(procs, 'worker0') == stalled_at:
+      if last_step(procs, 'worker0') == stalled_at and tokens_on_ps0(
+          hosts(flags, 'ps_hosts')[0]) == 0:
         break
       procs.procs['worker1'].send_signal(signal.SIGCONT)
       time.sleep(0.5)

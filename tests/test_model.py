@@ -78,7 +78,8 @@ def test_the_loss_with_its_weight_decay_and_label_smoothing(weight_decay,
   """--weight_decay and --label_smoothing, against the loss in numpy: the
   mean over the batch of -sum(target x log softmax), the target
   1 - s + s / 10 on the label and s / 10 elsewhere, plus weight_decay x
-  half the weights' squares (slim's l2_regularizer, not the biases)."""
+  half the weights' squares (slim's l2_regularizer, not the biases), every
+  variable random (the biases and offsets start at zero)."""
   rng = np.random.default_rng(0)
   feed_images = rng.normal(size=(4, 32, 32, 3))
   feed_labels = [0, 3, 9, 3]
@@ -90,6 +91,8 @@ def test_the_loss_with_its_weight_decay_and_label_smoothing(weight_decay,
     loss = cifar10_model.loss(logits, labels, label_smoothing)
     with tf1.Session() as sess:
       sess.run(tf1.global_variables_initializer())
+      for var in tf1.trainable_variables():
+        var.load(rng.normal(scale=0.1, size=var.shape), sess)
       loss_v, logits_v, weights = sess.run(
           [loss, logits, [v for v in tf1.trainable_variables()
                           if v.op.name.endswith('weights')]],

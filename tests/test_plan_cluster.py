@@ -130,6 +130,12 @@ def test_the_variables_line_by_hand(capsys):
   assert ('Variables with --optimizer=momentum (each weight, its moving '
           "average and its accumulator): 2.16 MB of a checkpoint's data, "
           '0.58 MB on the busiest of 4 ps') in outs['momentum']
+  # Another model, 1 MB, half of it on the busiest of 4 ps: 3 x 0.5 MB.
+  assert throughput.variables_line(1e6, {4: 0.5}, 4, 'momentum') == (
+      'Variables with --optimizer=momentum (each weight, its moving average '
+      "and its accumulator): 3.00 MB of a checkpoint's data, 1.50 MB on the "
+      'busiest of 4 ps; the bytes on the wire are the same with either '
+      'optimizer.')
 
 
 def test_a_plan_where_the_workers_links_are_the_limit(capsys):

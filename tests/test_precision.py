@@ -170,6 +170,7 @@ def test_both_flags_in_a_synchronous_cluster_then_resumed_async(
   assert set(procs.wait_all(timeout=180).values()) == {0}, procs.tails()
   log = procs.log('worker0_again')
   assert 'Worker 0: resuming from %s/model.ckpt-20\n' % train_dir in log
+  assert 'accumulators' not in log  # Restored, not started again or unused.
   assert bool(MIXED.search(log)) == bool(again)
   # Asynchronous: another worker's update may land while the chief names
   # and writes its last checkpoint.
@@ -400,7 +401,8 @@ def run_scaled_steps(steps, initial_scale, period=2000, rule=None):
 
   Returns:
     [(global step after the step, skipped steps, scale, weights or
-    momentum's accumulators changed)] per step.
+    momentum's accumulators changed, how many accumulators were not all
+    zeros before it)] per step.
   """
   import train_graph  # pylint: disable=g-import-not-at-top
   from training import hooks  # pylint: disable=g-import-not-at-top
@@ -415,8 +417,9 @@ def run_scaled_steps(steps, initial_scale, period=2000, rule=None):
                               loss_scale_period=period,
                               rule=rule or train_graph.SGD)
     scaling = graph.loss_scaling
-    weights = tf1.trainable_variables() + [
-        v for v in tf1.global_variables() if v.op.name.endswith('/Momentum')]
+    accumulators = [v for v in tf1.global_variables()
+                    if v.op.name.endswith('/Momentum')]
+    weights = tf1.trainable_variables() + accumulators
     with tf1.train.MonitoredSession(
         session_creator=tf1.train.ChiefSessionCreator(
             scaffold=train_graph.scaffold(graph)),
@@ -431,7 +434,8 @@ def run_scaled_steps(steps, initial_scale, period=2000, rule=None):
         sess.run(graph.step_after)
         step, skipped, scale, now = read()
         changed = not all(np.array_equal(a, b) for a, b in zip(before, now))
-        rows.append((step, skipped, scale, changed))
+        full = sum(a.any() for a in before[len(weights) - len(accumulators):])
+        rows.append((step, skipped, scale, changed, full))
         before = now
   return rows
 
@@ -447,7 +451,7 @@ def test_overflowing_steps_apply_nothing_and_halve_the_scale(capsys):
           n, 2.0**(127 - n)) for n in range(1, rows[-1][1] + 1)]
   assert [r[0] for r in rows] == list(range(1, 41))  # Every step counts.
   said = 0
-  for step, skipped, scale, changed in rows:
+  for step, skipped, scale, changed, _ in rows:
     assert scale == 2.0**(127 - skipped), (step, skipped, scale)
     # A step that overflowed applied nothing; every other one applied.
     assert changed == (skipped == said), (step, skipped, changed)
@@ -465,13 +469,17 @@ def test_overflowing_steps_leave_momentum_as_it_was():
   import train_graph  # pylint: disable=g-import-not-at-top
   rows = run_scaled_steps(40, 2.0**127, period=3,
                           rule=train_graph.UpdateRule('momentum', 0.9, True))
-  said, overflows_after_good = 0, 0
-  for step, skipped, _, changed in rows:
+  said, overflows_with_accumulators = 0, 0
+  for step, skipped, _, changed, full in rows:
     assert changed == (skipped == said), (step, skipped, changed)
-    if skipped > said and step > skipped:
-      overflows_after_good += 1
+    if skipped > said and full:
+      # Every weight's accumulator (the 12) had moved by then.
+      assert full == 12, (step, full)
+      overflows_with_accumulators += 1
     said = skipped
-  assert overflows_after_good >= 2, rows
+  assert rows[-1][4] == 12  # Momentum was in use.
+  # This data and seed overflow at steps 7, 18 and 30 (after the first).
+  assert overflows_with_accumulators >= 2, rows
 
 
 def test_every_3_good_steps_in_a_row_double_the_scale():
