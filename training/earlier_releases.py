@@ -4,8 +4,8 @@ still reads, and how.
   * A checkpoint without the moving averages of the weights (the releases
     before they were kept): the chief resumes it, each average starting
     from its weight (partial_restore.Rebuild; checkpoints.resume_point
-    accepts it when told which variables can be rebuilt). The evaluator tests its weights
-    as they are (cifar10_eval.has_averages).
+    accepts it when told which variables can be rebuilt). The evaluator
+    tests its weights as they are (cifar10_eval.has_averages).
   * More checkpoints than the Saver keeps (a release that forgot them at
     each restart): checkpoints.keep_newest deletes the oldest after the
     next save.
