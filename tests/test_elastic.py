@@ -17,20 +17,37 @@ LOST = ['--lost_worker_secs=3', '--wait_report_secs=2']
 
 
 # Run in worker 2 before the trainer: after its 10th step (which ends with
-# the token of its next one taken) it stops the ps tasks and itself.
+# the token of its next one taken), once the chief's log (chief_log, unless
+# None) has a progress line, it stops the ps tasks and itself.
 STOP_AFTER_10_STEPS = """
-import os, signal
-from training import session
+import os, signal, time
+from training import progress, session
 step, done = session.run_step, [0]
 def stop_after(*args):
   result = step(*args)
   done[0] += 1
   if done[0] == 10:
-    for pid in %r:
+    while %(chief_log)r and not progress.parse(open(%(chief_log)r).read()):
+      time.sleep(0.02)  # (Its log exists: made before the chief starts.)
+    for pid in %(ps_pids)r:
       os.kill(pid, signal.SIGSTOP)
     os.kill(os.getpid(), signal.SIGSTOP)
   return result
 session.run_step = stop_after
+"""
+
+# Run in worker 1 before the trainer: its first step waits for a progress
+# line in the chief's log (the path formatted in).
+AFTER_THE_CHIEF = """
+import time
+from training import progress, session
+step = session.run_step
+def after_the_chief(*args):
+  while not progress.parse(open(%r).read()):
+    time.sleep(0.02)
+  session.run_step = step
+  return step(*args)
+session.run_step = after_the_chief
 """
 
 
@@ -40,22 +57,30 @@ def stopped(pid):
     return f.read().rsplit(')', 1)[1].split()[0] == 'T'
 
 
-def lose_worker_2(procs, flags, num_ps, signum=signal.SIGKILL):
+def lose_worker_2(procs, flags, num_ps, signum=signal.SIGKILL,
+                  wait_for_chief=False):
   """Starts num_ps ps tasks and 3 workers; worker 2, after 10 steps,
   holding the token of its next step, stops the ps tasks and itself; it is
   then killed (-9), or sent signum and let go on to handle it (SIGTERM: a
   worker stopped, as Kubernetes scales a Job down), and never started
   again. Returns the chief's line that names it. The ps tasks stay stopped
   until that line: the run cannot end before the chief sees the loss,
-  however fast the machine."""
+  however fast the machine. wait_for_chief: for asynchronous workers, which
+  do not wait for the chief's steps: worker 1 steps, and worker 2 stops
+  the ps tasks, only once the chief trains. Else worker 1 could end the
+  run while the chief creates its session, and worker 2 stop the ps tasks
+  then, and with them the chief before its watch starts."""
+  chief_log = os.path.join(procs.log_dir, 'worker0.log') if (
+      wait_for_chief) else None
   for i in range(num_ps):
     procs.trainer('ps%d' % i, '--job_name=ps', '--task_index=%d' % i, *flags)
   ps_pids = [procs.procs['ps%d' % i].pid for i in range(num_ps)]
   procs.trainer('worker2', '--job_name=worker', '--task_index=2', *flags,
-                fault=STOP_AFTER_10_STEPS % ps_pids)
-  for i in (1, 0):
-    procs.trainer('worker%d' % i, '--job_name=worker', '--task_index=%d' % i,
-                  *flags)
+                fault=STOP_AFTER_10_STEPS % dict(
+                    ps_pids=ps_pids, chief_log=chief_log))
+  procs.trainer('worker1', '--job_name=worker', '--task_index=1', *flags,
+                fault=AFTER_THE_CHIEF % chief_log if wait_for_chief else None)
+  procs.trainer('worker0', '--job_name=worker', '--task_index=0', *flags)
   try:
     wait_until(lambda: stopped(procs.procs['worker2'].pid), 300,
                'worker 2 stopping after 10 steps', procs)
@@ -112,7 +137,7 @@ def test_an_asynchronous_worker_lost_for_good_lets_the_ps_exit(
   flags = cluster_flags(tiny_data, train_dir, num_workers=3) + [
       '--max_steps=100', '--nosync_replicas'] + LOST
   workers = hosts(flags, 'worker_hosts')
-  line = lose_worker_2(procs, flags, 1)
+  line = lose_worker_2(procs, flags, 1, wait_for_chief=True)
   assert line == ('Worker 0: lost worker 2 at %s (Connection refused for 3 '
                   's); the 2 left train on; start it again and it rejoins' %
                   workers[2])
