@@ -16,19 +16,19 @@ from helpers import wait_until
 LOST = ['--lost_worker_secs=3', '--wait_report_secs=2']
 
 
-# Run in worker 2 before the trainer: after its 10th step (which ends with
-# the token of its next one taken), once the chief's log (chief_log, unless
-# None) has a progress line, it stops the ps tasks and itself.
+# Run in worker 2 before the trainer: after its 10th step (in synchronous
+# training it ends with the token of its next step taken), once the file
+# `seen` exists (if not None), it stops the ps tasks and itself.
 STOP_AFTER_10_STEPS = """
 import os, signal, time
-from training import progress, session
+from training import session
 step, done = session.run_step, [0]
 def stop_after(*args):
   result = step(*args)
   done[0] += 1
   if done[0] == 10:
-    while %(chief_log)r and not progress.parse(open(%(chief_log)r).read()):
-      time.sleep(0.02)  # (Its log exists: made before the chief starts.)
+    while %(seen)r and not os.path.exists(%(seen)r):
+      time.sleep(0.02)
     for pid in %(ps_pids)r:
       os.kill(pid, signal.SIGSTOP)
     os.kill(os.getpid(), signal.SIGSTOP)
@@ -36,18 +36,32 @@ def stop_after(*args):
 session.run_step = stop_after
 """
 
-# Run in worker 1 before the trainer: its first step waits for a progress
-# line in the chief's log (the path formatted in).
-AFTER_THE_CHIEF = """
-import time
-from training import progress, session
+# Run in the chief before the trainer: makes the file `seen` once a probe
+# of its watch on the workers finds worker 2 (at `host`) answering.
+SEES_WORKER_2 = """
+from training import liveness
+probe = liveness.Tracker.probe
+def probe_and_say(self, indices=None, *args, **kwargs):
+  down = probe(self, indices, *args, **kwargs)
+  if indices is not None and kwargs.get('answers') and any(
+      self.hosts[i] == %(host)r and i not in down for i in indices):
+    open(%(seen)r, 'w').close()
+  return down
+liveness.Tracker.probe = probe_and_say
+"""
+
+# Run in worker 1 before the trainer: its first step waits for the file
+# (the path formatted in).
+AFTER_THE_FILE = """
+import os, time
+from training import session
 step = session.run_step
-def after_the_chief(*args):
-  while not progress.parse(open(%r).read()):
+def after_the_file(*args):
+  while not os.path.exists(%r):
     time.sleep(0.02)
   session.run_step = step
   return step(*args)
-session.run_step = after_the_chief
+session.run_step = after_the_file
 """
 
 
@@ -66,21 +80,24 @@ def lose_worker_2(procs, flags, num_ps, signum=signal.SIGKILL,
   again. Returns the chief's line that names it. The ps tasks stay stopped
   until that line: the run cannot end before the chief sees the loss,
   however fast the machine. wait_for_chief: for asynchronous workers, which
-  do not wait for the chief's steps: worker 1 steps, and worker 2 stops
-  the ps tasks, only once the chief trains. Else worker 1 could end the
-  run while the chief creates its session, and worker 2 stop the ps tasks
-  then, and with them the chief before its watch starts."""
-  chief_log = os.path.join(procs.log_dir, 'worker0.log') if (
+  do not wait for the chief's steps: worker 2 stops the ps tasks, and worker
+  1 makes its first step, only once the chief's watch has seen worker 2
+  answer. Else the ps tasks, stopped while the chief creates its session,
+  would block it before its watch starts (or before it sees worker 2), and
+  worker 1 could end the run before then."""
+  seen = os.path.join(procs.log_dir, 'chief_saw_worker2') if (
       wait_for_chief) else None
   for i in range(num_ps):
     procs.trainer('ps%d' % i, '--job_name=ps', '--task_index=%d' % i, *flags)
   ps_pids = [procs.procs['ps%d' % i].pid for i in range(num_ps)]
   procs.trainer('worker2', '--job_name=worker', '--task_index=2', *flags,
-                fault=STOP_AFTER_10_STEPS % dict(
-                    ps_pids=ps_pids, chief_log=chief_log))
+                fault=STOP_AFTER_10_STEPS % dict(ps_pids=ps_pids, seen=seen))
   procs.trainer('worker1', '--job_name=worker', '--task_index=1', *flags,
-                fault=AFTER_THE_CHIEF % chief_log if wait_for_chief else None)
-  procs.trainer('worker0', '--job_name=worker', '--task_index=0', *flags)
+                fault=AFTER_THE_FILE % seen if seen else None)
+  procs.trainer('worker0', '--job_name=worker', '--task_index=0', *flags,
+                fault=SEES_WORKER_2 % dict(
+                    host=hosts(flags, 'worker_hosts')[2], seen=seen)
+                if seen else None)
   try:
     wait_until(lambda: stopped(procs.procs['worker2'].pid), 300,
                'worker 2 stopping after 10 steps', procs)
