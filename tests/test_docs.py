@@ -148,6 +148,8 @@ FASHION = ('Fashion-MNIST, 20 epochs, Nesterov momentum, label smoothing, '
            'cosine, scaled rate, no crops')
 FASHION_SGD = 'Fashion-MNIST, 20 epochs, plain SGD, cosine, scaled rate, no crops'
 ZH = 'README.zh-CN.md'
+WORKERS_MOMENTUM = ("Fashion-MNIST, 3 epochs, 4 / 8 sync workers, the README's "
+                    'momentum recipe, linear scaling, x 1')
 # (the table's row, the figure in it, {page: where the page states it}).
 TORCH_ROW = ('ours x PyTorch 2.13 (the same net, files and cores): one process; '
              '1 ps + 2 sync workers x DDP over 2 processes')
@@ -177,6 +179,14 @@ FIGURES = [
         'README.md': [r'3 runs: (0\.\d+-0\.\d+)'],
         ZH: [r'3 次：(0\.\d+-0\.\d+)'],
         'docs/data.md': [r'3 runs: (0\.\d+-0\.\d+)']}),
+    (WORKERS_MOMENTUM, r'^-(0\.\d+) /', {
+        'README.md': [r'momentum recipe 4 within (0\.\d+)'],
+        ZH: [r'4 个在 3 个 epoch 内相差 (0\.\d+)'],
+        'docs/performance.md': [r'keeps 4 workers within (0\.\d+)']}),
+    (WORKERS_MOMENTUM, r'8: -(0\.\d+) in 10', {
+        'README.md': [r'8 within (0\.\d+) in 10'],
+        ZH: [r'8 个在 10 个 epoch 时相差 (0\.\d+)'],
+        'docs/performance.md': [r'and 8 within (0\.\d+) in 10']}),
     ("8 sync workers on machines of their own (the planner's 1 ps; 10 Gbit/s "
      'between 2-core machines), of linear', r'\*\*(0\.\d+)\*\*', {
          'README.md': [r'planner\'s 1 ps reached (0\.\d+) of linear'],
