@@ -2,10 +2,11 @@
 stopped (SIGSTOP: its port still takes connections, nothing answers) is
 named and the others go on, and it trains again once continued; a worker
 three times slower than it can be is set aside and taken back once it keeps
-pace; a hung ps is named by each worker, and nothing else changes; a hung
-chief is named by the other worker, which waits for it. Every
-stopped process is continued before any teardown; assertions on lines,
-global steps, checkpoints and exit codes, never on which worker wins."""
+pace; a hung ps is named by each worker, and nothing else changes, also
+while they wait for their session; a hung chief is named by the other
+worker, which waits for it. Every stopped process is continued before any
+teardown; assertions on lines, global steps, checkpoints and exit codes,
+never on which worker wins."""
 
 import re
 import signal
@@ -177,6 +178,28 @@ def test_a_hung_ps_is_named_by_each_worker_and_nothing_else_changes(
   assert 'lags' not in procs.log('worker0')
   assert 'lost the chief' not in procs.log('worker1')
   assert checkpoint_step(train_dir) == 120
+
+
+def test_a_ps_hung_before_the_session_is_named_by_the_workers_waiting(
+    procs, tiny_data, tmp_path):
+  train_dir = str(tmp_path / 'train')
+  flags = cluster_flags(tiny_data, train_dir, num_workers=2) + [
+      '--max_steps=20'] + LOST
+  ps = hosts(flags, 'ps_hosts')[0]
+  procs.trainer('ps0', '--job_name=ps', '--task_index=0', *flags)
+  procs.wait_for_line('ps0', 'ps 0: serving on', 120)
+  with paused(procs, 'ps0'):  # Its port takes connections; nothing answers.
+    for i in (1, 0):
+      procs.trainer('worker%d' % i, '--job_name=worker', '--task_index=%d' % i,
+                    *flags)
+    for i in (0, 1):
+      procs.wait_for_line(
+          'worker%d' % i, 'Worker %d: waiting for ps 0 at %s (takes '
+          'connections but does not answer): check that machine (its load, '
+          'memory, disk and network)' % (i, ps), 120)
+  assert procs.wait_all(timeout=300) == {'ps0': 0, 'worker0': 0,
+                                         'worker1': 0}, procs.tails()
+  assert checkpoint_step(train_dir) == 20
 
 
 def test_a_hung_chief_is_named_and_the_run_ends_once_it_answers(

@@ -51,8 +51,9 @@ class SessionCreator(tf1.train.SessionCreator):
 
   The stock creators poll every 30 s (here RECOVERY_WAIT_SECS), restore the
   latest checkpoint even when its files are damaged, wait without a word for
-  a ps that was never started, and a chief that comes back restores its last
-  checkpoint over the newer model the ps tasks hold: here it keeps that one.
+  a ps that was never started or does not answer, and a chief that comes
+  back restores its last checkpoint over the newer model the ps tasks
+  hold: here it keeps that one.
   """
 
   def __init__(self, scaffold, master, config, task, train_dir, resume,
@@ -155,6 +156,14 @@ class SessionCreator(tf1.train.SessionCreator):
       return '%s: waiting for %s; start %s, or check --ps_hosts' % (
           self._name, liveness.name_ps(missing),
           'it' if len(missing) == 1 else 'them')
+    # A stopped or hung ps still takes connections: a gRPC call with a
+    # deadline finds it.
+    hung = [(i, host, liveness.NOT_ANSWERING)
+            for i, host in enumerate(self._task.ps_hosts)
+            if liveness.silent(host)]
+    if hung:
+      return ('%s: waiting for %s: check that machine (its load, memory, '
+              'disk and network)' % (self._name, liveness.name_ps(hung)))
     if not self._is_chief:
       return ('%s: waiting for the chief, worker 0 at %s, to initialize or '
               'restore the model' % (self._name, self._task.worker_hosts[0]))
