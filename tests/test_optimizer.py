@@ -4,15 +4,19 @@ accumulators live: test_placement.py; float16's skipped steps:
 test_precision.py; bad flags: test_cluster.py.)"""
 
 import concurrent.futures
+import contextlib
+import glob
 import json
 import os
+import re
 
 from google.protobuf import text_format
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import SERVERS, free_ports, single_process_flags
+from helpers import SERVERS, cluster_flags, free_ports
+from helpers import single_process_flags, start_cluster
 
 import cifar10_model
 import train_graph
@@ -24,6 +28,7 @@ RATE = 0.1  # CONSTANT's, at every step here.
 CONSTANT = learning_rate.Schedule('exponential', RATE, 128, 'none', 0, 1000,
                                   1000, 0.1)
 UPDATES = 3
+WORKERS = 2  # In a cluster.
 
 
 def batch():
@@ -32,49 +37,80 @@ def batch():
           rng.integers(0, 10, size=8).astype(np.int32))
 
 
-def train(out, rule, initial=None, target='', cluster=None, num_ps=0):
-  """UPDATES updates of the trainer's graph with rule on batch(), from the
-  checkpoint initial (None: its own initial values, saved as out-0): in one
-  process, or over cluster's num_ps ps tasks and its one worker, through
-  SyncReplicasOptimizer (1 gradient an update). Saves out-N after update
-  N; returns ([out-0 or initial, out-1, ...], [{weight: its gradient in
-  update N}])."""
+def worker_graph(*, rule, cluster, worker):
+  """The trainer's graph of worker on batch(), in a graph of its own: for
+  one process (cluster None), or over cluster's ps tasks through
+  SyncReplicasOptimizer, each update averaging WORKERS gradients."""
   images, labels = batch()
-  with tf.Graph().as_default():
-    inputs, variables = train_graph.devices(cluster=cluster, task_index=0,
-                                            num_gpus=0)
+  graph = tf.Graph()
+  with graph.as_default():
+    inputs, variables = train_graph.devices(cluster=cluster,
+                                            task_index=worker, num_gpus=0)
     with tf1.device(inputs):
       images, labels = tf.constant(images), tf.constant(labels)
     with tf1.device(variables):
-      built = train_graph.build(images=images, labels=labels, num_ps=num_ps,
-                                worker=0, schedule=CONSTANT, rule=rule,
-                                sync=(1, 1) if cluster else None)
+      built = train_graph.build(
+          images=images, labels=labels,
+          num_ps=cluster.num_tasks('ps') if cluster else 0, worker=worker,
+          schedule=CONSTANT, rule=rule,
+          sync=(WORKERS, WORKERS) if cluster else None)
+  return graph, built
+
+
+def train(out, rule, initial=None, spec=None):
+  """UPDATES updates of the trainer's graph with rule on batch(), from the
+  checkpoint initial (None: its own initial values, saved as out-0): in one
+  process, or on the gRPC servers of spec (its ps tasks and WORKERS
+  workers, each worker a session of its own, on the same batch). Saves
+  out-N after update N; returns ([out-0 or initial, out-1, ...], [{weight:
+  its gradient in update N}], {node: the task it ran on in update 1's
+  trace of the chief's update})."""
+  cluster = tf.train.ClusterSpec(spec) if spec else None
+  graph, built = worker_graph(rule=rule, cluster=cluster, worker=0)
+  config = tf1.ConfigProto(operation_timeout_in_ms=120000)  # No hang.
+  trace = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE)
+  metadata = tf1.RunMetadata()
+  with graph.as_default(), contextlib.ExitStack() as stack:
     saver = tf1.train.Saver(sharded=bool(cluster))
-    config = tf1.ConfigProto(operation_timeout_in_ms=120000)  # No hang.
     names = [v.op.name for v in tf1.trainable_variables()]
-    with tf1.Session(target, config=config) as sess, (
-        concurrent.futures.ThreadPoolExecutor(1)) as pool:
-      sess.run(tf1.global_variables_initializer())
-      sess.run(tf1.local_variables_initializer())
-      paths = [saver.save(sess, out, global_step=0) if initial is None
-               else initial]
-      saver.restore(sess, paths[0])
-      opt = built.sync_opt
-      if opt:  # The chief's SyncReplicasHook, without the first tokens:
-        # the step's token comes from the update of its own gradient.
-        sess.run(opt.chief_init_op)
-        sync_op = opt.get_chief_queue_runner().enqueue_ops[0]
-      gradients = []
-      for update in range(1, UPDATES + 1):
-        # One update (the chief's sync thread runs it in a loop).
-        synced = pool.submit(sess.run, sync_op) if opt else None
-        # The gradient, then (sync) the token.
-        _, values = sess.run([built.step_after, built.gradients])
-        gradients.append(dict(zip(names, values)))
-        if synced:
-          synced.result()
-        paths.append(saver.save(sess, out, global_step=update))
-  return paths, gradients
+    sess = stack.enter_context(tf1.Session(
+        'grpc://' + spec['worker'][0] if spec else '', config=config))
+    pool = stack.enter_context(concurrent.futures.ThreadPoolExecutor(2))
+    sess.run(tf1.global_variables_initializer())
+    sess.run(tf1.local_variables_initializer())
+    paths = [saver.save(sess, out, global_step=0) if initial is None
+             else initial]
+    saver.restore(sess, paths[0])
+    opt = built.sync_opt
+    if opt:  # The chief's SyncReplicasHook, without the first tokens: the
+      # workers' steps take theirs from the update of their gradients.
+      sess.run(opt.chief_init_op)
+      sync_op = opt.get_chief_queue_runner().enqueue_ops[0]
+      other, other_built = worker_graph(rule=rule, cluster=cluster, worker=1)
+      with other.as_default():
+        local_init = tf1.local_variables_initializer()
+      worker1 = stack.enter_context(tf1.Session(
+          'grpc://' + spec['worker'][1], graph=other, config=config))
+      worker1.run(local_init)
+    gradients = []
+    for update in range(1, UPDATES + 1):
+      # One update (the chief's sync thread runs it in a loop), traced once.
+      traced = {'options': trace, 'run_metadata': metadata} if (
+          update == 1) else {}
+      synced = opt and pool.submit(sess.run, sync_op, **traced)
+      # Worker 1's step, then the chief's gradient; each waits for a token.
+      theirs = opt and pool.submit(worker1.run, other_built.step_after)
+      reached, values = sess.run([built.step_after, built.gradients])
+      gradients.append(dict(zip(names, values)))
+      if opt:  # One update of the 2 gradients: both reach the same step.
+        synced.result()
+        assert reached == theirs.result() == update
+      paths.append(saver.save(sess, out, global_step=update))
+  ran_on = {node.node_name: (where.job, where.task)
+            for where, device in ((tf.DeviceSpec.from_string(d.device), d)
+                                  for d in metadata.step_stats.dev_stats)
+            for node in device.node_stats}
+  return paths, gradients, ran_on
 
 
 def accumulators(path):
@@ -88,23 +124,26 @@ def accumulators(path):
                          ids=['1ps', '2ps_nesterov'])
 def test_momentum_in_a_sync_cluster_updates_as_one_process(
     procs, tmp_path, monkeypatch, num_ps, nesterov):
-  """Three updates through ps tasks and a worker (gRPC servers, in a
-  process of their own; 2 ps: the big kernels partitioned) and in one
-  process, from the same weights on the same batch: every variable after
-  them, accumulators included, the same; and each update in one process
-  is momentum's rule in numpy, from the gradient the step computed and
-  the saved accumulators (Nesterov's too). Dropout off: nothing drawn at
-  random."""
+  """Three updates in one process, and through ps tasks and 2 synchronous
+  workers (gRPC servers, in a process of their own; 2 ps: the big kernels
+  partitioned), each update the mean of the workers' 2 gradients on the
+  same batch: every variable after them, accumulators included, the same
+  (momentum applied once an update, not once a gradient). Each update in
+  one process is momentum's rule in numpy, from the gradient the step
+  computed and the saved accumulators (Nesterov's too). In the cluster's
+  trace, each weight's update ran on the ps that holds the weight and its
+  accumulator. Dropout off: nothing drawn at random."""
   monkeypatch.setattr(train_graph, 'DROPOUT_KEEP_PROB', 1.0)
   rule = train_graph.UpdateRule('momentum', 0.9, nesterov)
-  alone, gradients = train(str(tmp_path / 'alone'), rule)
+  alone, gradients, _ = train(str(tmp_path / 'alone'), rule)
   for before, after, gradient in zip(alone, alone[1:], gradients):
     weights = [tf.train.load_checkpoint(p) for p in (before, after)]
     accumulated = [accumulators(p) for p in (before, after)]
-    assert len(accumulated[1]) == len(gradient) == 12  # One a weight.
+    assert len(accumulated[0]) == len(accumulated[1]) == len(gradient) == 12
     for name, acc in accumulated[1].items():
-      np.testing.assert_allclose(acc, 0.9 * accumulated[0].get(
-          name, 0) + gradient[name], rtol=1e-4, atol=1e-7, err_msg=name)
+      np.testing.assert_allclose(acc, 0.9 * accumulated[0][name] +
+                                 gradient[name], rtol=1e-4, atol=1e-7,
+                                 err_msg=name)
       # The weight moves by RATE x acc, or with Nesterov by
       # RATE x (gradient + 0.9 acc).
       step = gradient[name] + 0.9 * acc if nesterov else acc
@@ -112,14 +151,13 @@ def test_momentum_in_a_sync_cluster_updates_as_one_process(
           weights[0].get_tensor(name) - weights[1].get_tensor(name),
           RATE * step, rtol=1e-3, atol=1e-7, err_msg=name)
       assert acc.any(), name
-  hosts = ['localhost:%d' % p for p in free_ports(num_ps + 1)]
+  hosts = ['localhost:%d' % p for p in free_ports(num_ps + WORKERS)]
   spec = {'ps': hosts[:num_ps], 'worker': hosts[num_ps:]}
   procs.start('servers', ['-c', SERVERS, json.dumps(spec)],
               env={'TF_CPP_MIN_LOG_LEVEL': '2'})
   procs.wait_for_line('servers', 'serving', 60)
-  clustered, _ = train(str(tmp_path / 'cluster'), rule, initial=alone[0],
-                       target='grpc://' + hosts[-1],
-                       cluster=tf.train.ClusterSpec(spec), num_ps=num_ps)
+  clustered, _, ran_on = train(str(tmp_path / 'cluster'), rule,
+                               initial=alone[0], spec=spec)
   start = tf.train.load_checkpoint(alone[0])
   alone, clustered = (tf.train.load_checkpoint(p[-1])
                       for p in (alone, clustered))
@@ -133,44 +171,93 @@ def test_momentum_in_a_sync_cluster_updates_as_one_process(
         clustered.get_tensor(name) - start.get_tensor(name), moved,
         rtol=1e-4, atol=1e-7, err_msg=name)
   assert alone.get_tensor('global_step') == UPDATES
+  assert clustered.get_tensor('global_step') == UPDATES  # 2 gradients each.
+  # Where each update ran: the weight's handle, the accumulator's and the
+  # update, all on one ps; the names from the graph, the tasks from the run.
+  graph, _ = worker_graph(rule=rule, cluster=tf.train.ClusterSpec(spec),
+                          worker=0)
+  updates = [op for op in graph.get_operations()
+             if op.type == 'ResourceApplyMomentum']
+  # 2 ps: 2 kernels in 2 parts each, each part with its own accumulator.
+  assert len(updates) == 12 + 2 * (num_ps - 1)
+  for op in updates:
+    weight, accumulator = (t.op.name for t in op.inputs[:2])
+    assert accumulator == weight + '/Momentum'
+    assert ran_on[op.name] == ran_on[weight] == ran_on[accumulator], op.name
+  assert {ran_on[op.name] for op in updates} == {
+      ('ps', i) for i in range(num_ps)}
 
 
-def test_resumes_across_optimizers(procs, tiny_data, tmp_path):
-  """SGD's checkpoint resumed with Nesterov's momentum, its accumulators at
-  zero; then momentum's resumed with SGD, which leaves them unused."""
+def checkpoint(train_dir, step):
+  """{name: value} of every tensor in train_dir's model.ckpt-step."""
+  reader = tf.train.load_checkpoint('%s/model.ckpt-%d' % (train_dir, step))
+  return {name: reader.get_tensor(name)
+          for name in reader.get_variable_to_shape_map()}
+
+
+@pytest.mark.parametrize('num_ps', [0, 2], ids=['one_process', '2ps'])
+def test_resumes_across_optimizers(procs, tiny_data, tmp_path, num_ps):
+  """SGD's checkpoint resumed with Nesterov's momentum, its weights as SGD
+  left them and its accumulators at zero; then momentum's resumed with SGD,
+  which leaves them unused. In one process, and with 2 ps (a worker), the
+  big kernels' accumulators in 2 parts each."""
   train_dir = str(tmp_path / 'train')
-  flags = single_process_flags(tiny_data, train_dir) + [
-      '--initial_learning_rate=%g' % RATE]  # Through step 20 (staircase).
   nesterov = ['--optimizer=momentum', '--nesterov']
   for name, more in [('sgd', ['--max_steps=10']),
                      ('momentum', ['--max_steps=11'] + nesterov),
                      ('sgd_again', ['--max_steps=20'])]:
-    procs.trainer(name, *flags, *more)
-    assert procs.wait_all(timeout=120)[name] == 0, procs.tails()
-  assert ('Worker 0: %s/model.ckpt-10 has no momentum accumulators '
-          '(--optimizer=sgd wrote it): resuming from it, the 12 accumulators '
-          'starting at zero' % train_dir) in procs.log('momentum')
-  assert ("Worker 0: %s/model.ckpt-11 holds momentum's 12 accumulators "
-          '(--optimizer=momentum wrote it); --optimizer=sgd leaves them '
-          'unused' % train_dir) in procs.log('sgd_again')
-  ten, eleven = (tf.train.load_checkpoint('%s/model.ckpt-%d' % (train_dir, n))
-                 for n in (10, 11))
-  # Written again as the momentum run started: its accumulators, at zero.
+    more.append('--initial_learning_rate=%g' % RATE)  # Through step 20.
+    if num_ps:
+      start_cluster(procs, cluster_flags(tiny_data, train_dir, num_workers=1,
+                                         num_ps=num_ps) + more,
+                    num_workers=1, num_ps=num_ps, suffix='_' + name)
+    else:
+      procs.trainer('worker0_' + name,
+                    *single_process_flags(tiny_data, train_dir), *more)
+    assert set(procs.wait_all(timeout=120).values()) == {0}, procs.tails()
+    if name == 'sgd':
+      sgd_ten = checkpoint(train_dir, 10)
+  assert procs.log('worker0_momentum').splitlines().count(
+      'Worker 0: %s/model.ckpt-10 has no momentum accumulators '
+      '(--optimizer=sgd wrote it): resuming from it, the 12 accumulators '
+      'starting at zero' % train_dir) == 1
+  assert procs.log('worker0_sgd_again').splitlines().count(
+      "Worker 0: %s/model.ckpt-11 holds momentum's 12 accumulators "
+      '(--optimizer=momentum wrote it); --optimizer=sgd leaves them '
+      'unused' % train_dir) == 1
+  # Written again as the momentum run started: SGD's tensors as they were,
+  # and the accumulators at zero.
+  ten = checkpoint(train_dir, 10)
   at_ten = accumulators('%s/model.ckpt-10' % train_dir)
+  assert sorted(ten) == sorted(list(sgd_ten) + [
+      name + '/Momentum' for name in at_ten])
+  for name, value in sgd_ten.items():
+    np.testing.assert_array_equal(ten[name], value, err_msg=name)
   assert len(at_ten) == 12 and not any(a.any() for a in at_ten.values())
   # From zero, one Nesterov update moves a weight by the rate x (1 + 0.9)
   # x the accumulator (the gradient); from any other start, not.
+  eleven = checkpoint(train_dir, 11)
   accumulated = accumulators('%s/model.ckpt-11' % train_dir)
   assert len(accumulated) == 12
   for name, acc in accumulated.items():
-    np.testing.assert_allclose(
-        ten.get_tensor(name) - eleven.get_tensor(name), RATE * 1.9 * acc,
-        rtol=1e-3, atol=1e-7, err_msg=name)
+    np.testing.assert_allclose(ten[name] - eleven[name], RATE * 1.9 * acc,
+                               rtol=1e-3, atol=1e-7, err_msg=name)
+    assert acc.any(), name
   assert not accumulators('%s/model.ckpt-20' % train_dir)
-  # What the accumulators add to a checkpoint: the model's float32 bytes.
-  sizes = [os.path.getsize('%s/model.ckpt-%d.data-00000-of-00001' % (
-      train_dir, n)) for n in (11, 20)]
+  # The checkpoints' float32 bytes, in all their files: the accumulators
+  # add the model's (docs/performance.md).
+  sizes = [sum(map(os.path.getsize, glob.glob(
+      '%s/model.ckpt-%d.data-*' % (train_dir, n)))) for n in (11, 20)]
+  assert sizes == [2162752, 1442904]
   assert sizes[0] - sizes[1] == cifar10_model.MODEL_BYTES
+  if num_ps:  # The chiefs' lines: what the ps tasks held, parts counted.
+    held = [re.findall(r'^Worker 0: ps \d holds (\d+) variables, (\d+) bytes',
+                       procs.log('worker0_' + name), re.M)
+            for name in ('momentum', 'sgd_again')]
+    # The step, 10 statistics, and 14 weights, 14 averages (and 14
+    # accumulators): 12 each, 2 kernels in 2 parts.
+    assert [tuple(sum(int(n) for n in column) for column in zip(*lines))
+            for lines in held] == [(53, sizes[0]), (39, sizes[1])]
 
 
 def test_the_flags_reach_the_trainers_graph(procs, tiny_data, tmp_path):

@@ -150,6 +150,14 @@ def test_momentums_accumulators_sit_beside_their_variables(num_ps, sync):
     weight = by_name[accumulator.op.name[:-len('/Momentum')]]
     assert resolved_task(accumulator.op, by_name) == resolved_task(
         weight, by_name) == ('ps', resolved_task(weight, by_name)[1])
+  # Each update beside its weight and accumulator (in a running cluster:
+  # test_optimizer.py's trace).
+  updates = [op for op in graph.get_operations()
+             if op.type == 'ResourceApplyMomentum']
+  assert len(updates) == len(accumulators)
+  for op in updates:
+    assert resolved_task(op, by_name) == resolved_task(
+        op.inputs[0].op, by_name) == resolved_task(op.inputs[1].op, by_name)
   sgd, _ = worker_graph(num_ps, sync)
   with sgd.as_default():
     before = placement.ps_loads(tf1.global_variables(), num_ps)

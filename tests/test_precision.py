@@ -402,7 +402,8 @@ def run_scaled_steps(steps, initial_scale, period=2000, rule=None):
   Returns:
     [(global step after the step, skipped steps, scale, weights or
     momentum's accumulators changed, how many accumulators were not all
-    zeros before it)] per step.
+    zeros before it, whether every weight moved as rule's update of its
+    accumulator says)] per step.
   """
   import train_graph  # pylint: disable=g-import-not-at-top
   from training import hooks  # pylint: disable=g-import-not-at-top
@@ -417,8 +418,10 @@ def run_scaled_steps(steps, initial_scale, period=2000, rule=None):
                               loss_scale_period=period,
                               rule=rule or train_graph.SGD)
     scaling = graph.loss_scaling
-    accumulators = [v for v in tf1.global_variables()
-                    if v.op.name.endswith('/Momentum')]
+    slots = {v.op.name: v for v in tf1.global_variables()
+             if v.op.name.endswith('/Momentum')}
+    accumulators = [slots[w.op.name + '/Momentum']
+                    for w in tf1.trainable_variables() if slots]
     weights = tf1.trainable_variables() + accumulators
     with tf1.train.MonitoredSession(
         session_creator=tf1.train.ChiefSessionCreator(
@@ -435,9 +438,26 @@ def run_scaled_steps(steps, initial_scale, period=2000, rule=None):
         step, skipped, scale, now = read()
         changed = not all(np.array_equal(a, b) for a, b in zip(before, now))
         full = sum(a.any() for a in before[len(weights) - len(accumulators):])
-        rows.append((step, skipped, scale, changed, full))
+        rows.append((step, skipped, scale, changed, full,
+                     follows(rule, before, now, len(accumulators))))
         before = now
   return rows
+
+
+def follows(rule, before, after, count):
+  """Whether each of the weights (the first count of before and after, in
+  the order of their accumulators, the last count) moved as momentum's
+  rule says from its accumulator before and after, at CONSTANT_RATE:
+  -rate x acc, with Nesterov's -rate x (gradient + m acc), the gradient
+  being acc - m x its old acc. None without momentum."""
+  if not count:
+    return None
+  m, rate = rule.momentum, CONSTANT_RATE.initial
+  return all(np.allclose(
+      w0 - w1, rate * ((1 + m) * a1 - m * a0 if rule.nesterov else a1),
+      rtol=1e-3, atol=1e-7)
+             for w0, w1, a0, a1 in zip(before[:count], after[:count],
+                                       before[-count:], after[-count:]))
 
 
 def test_overflowing_steps_apply_nothing_and_halve_the_scale(capsys):
@@ -451,7 +471,7 @@ def test_overflowing_steps_apply_nothing_and_halve_the_scale(capsys):
           n, 2.0**(127 - n)) for n in range(1, rows[-1][1] + 1)]
   assert [r[0] for r in rows] == list(range(1, 41))  # Every step counts.
   said = 0
-  for step, skipped, scale, changed, _ in rows:
+  for step, skipped, scale, changed, _, _ in rows:
     assert scale == 2.0**(127 - skipped), (step, skipped, scale)
     # A step that overflowed applied nothing; every other one applied.
     assert changed == (skipped == said), (step, skipped, changed)
@@ -470,8 +490,10 @@ def test_overflowing_steps_leave_momentum_as_it_was():
   rows = run_scaled_steps(40, 2.0**127, period=3,
                           rule=train_graph.UpdateRule('momentum', 0.9, True))
   said, overflows_with_accumulators = 0, 0
-  for step, skipped, _, changed, full in rows:
+  for step, skipped, _, changed, full, rule_kept in rows:
     assert changed == (skipped == said), (step, skipped, changed)
+    # A good step is Nesterov's update at momentum 0.9 and the full rate.
+    assert rule_kept or skipped > said, (step, skipped)
     if skipped > said and full:
       # Every weight's accumulator (the 12) had moved by then.
       assert full == 12, (step, full)
