@@ -266,6 +266,47 @@ def bad_input_case(case, tiny_data, train_dir, taken):
   return data_dir, args
 
 
+# Run in the chief before the trainer: its sync thread's 10th update fails
+# as a cancelled step does, before it runs, and the training loop's steps
+# do not (the workers' gradients wait in the accumulators).
+FAILS_ONCE = """
+import tensorflow as tf
+from training import hooks
+start = hooks.SyncReplicasHook.after_create_session
+class FailsOnce:
+  def __init__(self, session, sync_op):
+    self.session, self.sync_op, self.updates = session, sync_op, 0
+  def run(self, fetches, *args, **kwargs):
+    if fetches is self.sync_op:
+      self.updates += 1
+      if self.updates == 10:
+        raise tf.errors.CancelledError(None, None, 'injected by the test')
+    return self.session.run(fetches, *args, **kwargs)
+def after_create_session(self, session, coord):
+  if getattr(self, '_sync_op', None) is not None:  # The chief's.
+    session = FailsOnce(session, self._sync_op)
+  start(self, session, coord)
+hooks.SyncReplicasHook.after_create_session = after_create_session
+"""
+
+
+def test_an_update_that_fails_with_no_task_lost_runs_again(procs, tiny_data,
+                                                          tmp_path):
+  """The chief's update fails once, and no step of the training loop fails
+  with it: after --lost_worker_secs the chief says so and updates again;
+  before, every worker waited for a token forever."""
+  train_dir = str(tmp_path / 'train')
+  flags = cluster_flags(tiny_data, train_dir) + ['--max_steps=30',
+                                                 '--lost_worker_secs=3']
+  start_cluster(procs, flags, faults={'worker0': FAILS_ONCE})
+  assert procs.wait_all(timeout=300) == {'ps0': 0, 'worker0': 0,
+                                         'worker1': 0}, procs.tails()
+  assert procs.log('worker0').splitlines().count(
+      'Worker 0: an update of the gradients failed (CancelledError: injected '
+      'by the test), yet the training steps go on: updating again') == 1
+  assert checkpoint_step(train_dir) == 30
+
+
 def test_more_bad_input(procs, tiny_data, tmp_path):
   # All cases at once, each a process of its own (as in test_cluster.py).
   before = {}

@@ -50,7 +50,8 @@ class SyncReplicasHook(tf1.train.SessionRunHook):
   thread, which at the end blocks in take_grad for gradients no worker
   sends: close() waits its grace period, then the thread raises. Here the
   thread ends with the session, and counts that and a lost ps (the training
-  loop recovers) as normal; any other error goes to the coordinator.
+  loop recovers) as normal; an update that failed with no task lost is
+  said and run again; any other error goes to the coordinator.
   """
 
   def __init__(self, opt, is_chief, global_step):
@@ -71,23 +72,34 @@ class SyncReplicasHook(tf1.train.SessionRunHook):
                        daemon=True, name='sync_replicas').start()
 
   def _run_sync_op(self, session, coord):
-    try:
-      while not coord.should_stop():
+    while not coord.should_stop():
+      try:
         session.run(self._sync_op)
-    except (tf.errors.OutOfRangeError, RuntimeError):
-      pass  # The token queue or the session was closed: training is over.
-    except liveness.LOST_TASK_ERRORS:
-      # Cancelled by the session's close (the coordinator stopped first),
-      # or a ps went away. The training loop's step then fails the same way
-      # and MonitoredSession recovers (reported to the coordinator, this
-      # error would be raised again when the broken session closes, and
-      # kill us); unless that step had given the lost ps its gradients and
-      # waits, on another ps, for a token only this thread would give: the
-      # token goes back, and its next step meets the lost ps.
-      if not coord.should_stop():
+      except (tf.errors.OutOfRangeError, RuntimeError):
+        return  # The token queue or the session was closed: the end.
+      except liveness.LOST_TASK_ERRORS as e:
+        # Cancelled by the session's close (the coordinator stopped first),
+        # or a ps went away. The training loop's step then fails the same
+        # way and MonitoredSession recovers (reported to the coordinator,
+        # this error would be raised again when the broken session closes,
+        # and kill us); unless that step had given the lost ps its
+        # gradients and waits, on another ps, for a token only this thread
+        # would give: the token goes back, and its next step meets the lost
+        # ps. The recovery stops this coordinator; if it does not come, the
+        # step did not fail: without this thread every worker would wait
+        # for its token forever.
+        if coord.should_stop():
+          return
         self._give_back_token(session)
-    except Exception as e:  # pylint: disable=broad-except
-      coord.request_stop(e)
+        if coord.wait_for_stop(liveness.LOST_SECS):
+          return
+        print('Worker 0: an update of the gradients failed (%s: %s), yet '
+              'the training steps go on: updating again' % (
+                  type(e).__name__, checkpoints.first_line(e)),
+              file=sys.stderr, flush=True)
+      except Exception as e:  # pylint: disable=broad-except
+        coord.request_stop(e)
+        return
 
   def _give_back_token(self, session):
     try:
