@@ -18,7 +18,7 @@ LOST = ['--lost_worker_secs=3', '--wait_report_secs=2']
 
 # Run in worker 2 before the trainer: after its 10th step (in synchronous
 # training it ends with the token of its next step taken), once the file
-# `seen` exists (if not None), it stops the ps tasks and itself.
+# `seen` exists, it stops the ps tasks and itself.
 STOP_AFTER_10_STEPS = """
 import os, signal, time
 from training import session
@@ -27,7 +27,7 @@ def stop_after(*args):
   result = step(*args)
   done[0] += 1
   if done[0] == 10:
-    while %(seen)r and not os.path.exists(%(seen)r):
+    while not os.path.exists(%(seen)r):
       time.sleep(0.02)
     for pid in %(ps_pids)r:
       os.kill(pid, signal.SIGSTOP)
@@ -71,33 +71,30 @@ def stopped(pid):
     return f.read().rsplit(')', 1)[1].split()[0] == 'T'
 
 
-def lose_worker_2(procs, flags, num_ps, signum=signal.SIGKILL,
-                  wait_for_chief=False):
+def lose_worker_2(procs, flags, num_ps, signum=signal.SIGKILL):
   """Starts num_ps ps tasks and 3 workers; worker 2, after 10 steps,
   holding the token of its next step, stops the ps tasks and itself; it is
   then killed (-9), or sent signum and let go on to handle it (SIGTERM: a
   worker stopped, as Kubernetes scales a Job down), and never started
   again. Returns the chief's line that names it. The ps tasks stay stopped
   until that line: the run cannot end before the chief sees the loss,
-  however fast the machine. wait_for_chief: for asynchronous workers, which
-  do not wait for the chief's steps: worker 2 stops the ps tasks, and worker
-  1 makes its first step, only once the chief's watch has seen worker 2
-  answer. Else the ps tasks, stopped while the chief creates its session,
-  would block it before its watch starts (or before it sees worker 2), and
-  worker 1 could end the run before then."""
-  seen = os.path.join(procs.log_dir, 'chief_saw_worker2') if (
-      wait_for_chief) else None
+  however fast the machine. Worker 2 stops the ps tasks, and worker 1 makes
+  its first step, only once the chief's watch has seen worker 2 answer:
+  else the ps tasks, stopped while the chief's session starts (its hooks
+  run after the sync thread gives the first tokens), would block it before
+  its watch sees worker 2, and an asynchronous worker 1 could end the run
+  before then."""
+  seen = os.path.join(procs.log_dir, 'chief_saw_worker2')
   for i in range(num_ps):
     procs.trainer('ps%d' % i, '--job_name=ps', '--task_index=%d' % i, *flags)
   ps_pids = [procs.procs['ps%d' % i].pid for i in range(num_ps)]
   procs.trainer('worker2', '--job_name=worker', '--task_index=2', *flags,
                 fault=STOP_AFTER_10_STEPS % dict(ps_pids=ps_pids, seen=seen))
   procs.trainer('worker1', '--job_name=worker', '--task_index=1', *flags,
-                fault=AFTER_THE_FILE % seen if seen else None)
+                fault=AFTER_THE_FILE % seen)
   procs.trainer('worker0', '--job_name=worker', '--task_index=0', *flags,
                 fault=SEES_WORKER_2 % dict(
-                    host=hosts(flags, 'worker_hosts')[2], seen=seen)
-                if seen else None)
+                    host=hosts(flags, 'worker_hosts')[2], seen=seen))
   try:
     wait_until(lambda: stopped(procs.procs['worker2'].pid), 300,
                'worker 2 stopping after 10 steps', procs)
@@ -154,7 +151,7 @@ def test_an_asynchronous_worker_lost_for_good_lets_the_ps_exit(
   flags = cluster_flags(tiny_data, train_dir, num_workers=3) + [
       '--max_steps=100', '--nosync_replicas'] + LOST
   workers = hosts(flags, 'worker_hosts')
-  line = lose_worker_2(procs, flags, 1, wait_for_chief=True)
+  line = lose_worker_2(procs, flags, 1)
   assert line == ('Worker 0: lost worker 2 at %s (Connection refused for 3 '
                   's); the 2 left train on; start it again and it rejoins' %
                   workers[2])
