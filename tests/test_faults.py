@@ -1,6 +1,7 @@
 """Faults: killed and restarted tasks, signals, bad input. Each bounded."""
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -267,9 +268,11 @@ def bad_input_case(case, tiny_data, train_dir, taken):
 
 
 # Run in the chief before the trainer: its sync thread's 10th update fails
-# as a cancelled step does, before it runs, and the training loop's steps
-# do not (the workers' gradients wait in the accumulators).
+# as a cancelled step does, before it runs (an update half run, on one ps of
+# two, is not covered), and the training loop's steps do not (the workers'
+# gradients wait in the accumulators). The next update says how long after.
 FAILS_ONCE = """
+import sys, time
 import tensorflow as tf
 from training import hooks
 start = hooks.SyncReplicasHook.after_create_session
@@ -280,7 +283,11 @@ class FailsOnce:
     if fetches is self.sync_op:
       self.updates += 1
       if self.updates == 10:
+        self.failed = time.monotonic()
         raise tf.errors.CancelledError(None, None, 'injected by the test')
+      if self.updates == 11:
+        print('FailsOnce: updating again after %.1f s' % (
+            time.monotonic() - self.failed), file=sys.stderr, flush=True)
     return self.session.run(fetches, *args, **kwargs)
 def after_create_session(self, session, coord):
   if getattr(self, '_sync_op', None) is not None:  # The chief's.
@@ -299,11 +306,22 @@ def test_an_update_that_fails_with_no_task_lost_runs_again(procs, tiny_data,
   flags = cluster_flags(tiny_data, train_dir) + ['--max_steps=30',
                                                  '--lost_worker_secs=3']
   start_cluster(procs, flags, faults={'worker0': FAILS_ONCE})
+  line = ('Worker 0: an update of the gradients failed (CancelledError: '
+          'injected by the test), yet the training steps go on: updating '
+          'again')
+  procs.wait_for_line('worker0', line, 300)  # Else the run stands still.
   assert procs.wait_all(timeout=300) == {'ps0': 0, 'worker0': 0,
                                          'worker1': 0}, procs.tails()
-  assert procs.log('worker0').splitlines().count(
-      'Worker 0: an update of the gradients failed (CancelledError: injected '
-      'by the test), yet the training steps go on: updating again') == 1
+  log = procs.log('worker0')
+  assert log.splitlines().count(line) == 1
+  # Not at once (a retry at once would give back a token each time): after
+  # the --lost_worker_secs in which a recovery would have come.
+  after, = re.findall(r'^FailsOnce: updating again after ([\d.]+) s$', log,
+                      re.M)
+  assert float(after) >= 3, log
+  # No step failed with it: no recovery.
+  assert 'lost a task of the cluster' not in log
+  assert 'the cluster is back' not in log
   assert checkpoint_step(train_dir) == 30
 
 

@@ -182,6 +182,10 @@ def test_a_hung_ps_is_named_by_each_worker_and_nothing_else_changes(
 
 def test_a_ps_hung_before_the_session_is_named_by_the_workers_waiting(
     procs, tiny_data, tmp_path):
+  """ps 0 stopped (SIGSTOP) once it serves, before any worker starts: its
+  port still takes connections, so only a gRPC call with a deadline finds
+  it; each worker's session wait names it, and once continued the run ends
+  at --max_steps. Before, the chief sat at `Initializing session...`."""
   train_dir = str(tmp_path / 'train')
   flags = cluster_flags(tiny_data, train_dir, num_workers=2) + [
       '--max_steps=20'] + LOST
