@@ -43,7 +43,7 @@ MOVING_AVERAGE_DECAY = 0.9999
 
 def inference(images, is_training=True, dropout_keep_prob=0.8,
               num_class=NUM_CLASSES, reuse=tf1.AUTO_REUSE,
-              weight_decay=WEIGHT_DECAY):
+              weight_decay=WEIGHT_DECAY, batch_norm_decay=BATCH_NORM_DECAY):
   """Builds the network; returns logits [batch, num_class].
 
   Args:
@@ -57,9 +57,11 @@ def inference(images, is_training=True, dropout_keep_prob=0.8,
     reuse: Variable reuse, as in the reference.
     weight_decay: The L2 term's factor on the weights (the reference's
       0.004), collected for loss().
+    batch_norm_decay: The share of the moving statistics each of their
+      updates keeps (the reference's 0.995).
   """
   batch_norm_params = {
-      'decay': BATCH_NORM_DECAY,
+      'decay': batch_norm_decay,
       'epsilon': BATCH_NORM_EPSILON,
       # The moving statistics stay out of the trainable collection (so the
       # optimizer never sees them) and their updates go to UPDATE_OPS, so

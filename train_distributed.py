@@ -159,8 +159,7 @@ def start_server(cluster, job_name, task_index, config):
 def train_worker(task, cluster):
   """Trains as worker task.task_index; returns the exit status."""
   index, is_chief = task.task_index, task.task_index == 0
-  # Checkpoint shards are written by the ps processes: give them an
-  # absolute path, not one relative to their working directory.
+  # The ps processes write the checkpoint shards: a path not relative.
   train_dir = os.path.abspath(FLAGS.train_dir)
   config = session_config.session_config(
       'worker', index, task.worker_hosts if cluster else None,
@@ -188,6 +187,7 @@ def train_worker(task, cluster):
                                     FLAGS.nesterov),
         terms=train_graph.LossTerms(FLAGS.weight_decay, FLAGS.label_smoothing),
         num_classes=data_layout.num_classes(FLAGS.data_dir)[0],
+        batch_norm_decay=FLAGS.batch_norm_decay,
         loss_scale=(FLAGS.initial_loss_scale
                     if compute_dtype() == 'float16' else None),
         loss_scale_period=FLAGS.loss_scale_period,

@@ -95,6 +95,9 @@ flags.DEFINE_float('weight_decay', cifar10_model.WEIGHT_DECAY, 'The L2 '
                    'term\'s factor on the weights in the loss.')
 flags.DEFINE_float('label_smoothing', 0.0, 'The share of each label spread '
                    'evenly over the classes in the loss; 0: none.')
+flags.DEFINE_float('batch_norm_decay', cifar10_model.BATCH_NORM_DECAY,
+                   'The share of BatchNorm\'s moving statistics each update '
+                   'keeps; N sync workers update them N times fewer an epoch.')
 flags.DEFINE_integer('seed', 0, 'Random seed; worker i uses seed + i for its '
                      'file order, shuffling and augmentation.')
 flags.DEFINE_boolean('fresh_start', False, 'Chief only: delete --train_dir and '
@@ -161,7 +164,7 @@ for _name in ('eval_interval_secs', 'intra_op_threads', 'num_gpus',
               'warmup_steps', 'crop_padding'):
   require(_name, lambda v: v >= 0, '0 or more')
 require('initial_loss_scale', lambda v: v > 0, 'more than 0')  # NaN neither.
-for _name in ('momentum', 'label_smoothing'):
+for _name in ('momentum', 'label_smoothing', 'batch_norm_decay'):
   require(_name, lambda v: 0 <= v < 1, 'at least 0 and below 1')
 require('weight_decay', lambda v: v >= 0, '0 or more')
 flags.register_multi_flags_validator(

@@ -58,14 +58,16 @@ def devices(*, cluster, task_index, num_gpus):
       ps_strategy=placement.GreedyByBytes(cluster.num_tasks('ps')))
 
 
-def model(*, images, labels, num_ps, num_classes, terms=REFERENCE_TERMS):
+def model(*, images, labels, num_ps, num_classes, terms=REFERENCE_TERMS,
+          batch_norm_decay=cifar10_model.BATCH_NORM_DECAY):
   """The network on a batch, spread over num_ps ps tasks; returns (its
   loss with the weight decay, the batch's accuracy)."""
   with tf1.variable_scope('', partitioner=placement.partitioner(num_ps)):
     logits = cifar10_model.inference(images, is_training=True,
                                      dropout_keep_prob=DROPOUT_KEEP_PROB,
                                      num_class=num_classes,
-                                     weight_decay=terms.weight_decay)
+                                     weight_decay=terms.weight_decay,
+                                     batch_norm_decay=batch_norm_decay)
   loss = cifar10_model.loss(logits, labels, terms.label_smoothing)
   accuracy = tf.reduce_mean(tf.cast(
       tf1.nn.in_top_k(logits, labels, 1), tf.float32), name='batch_accuracy')
@@ -93,7 +95,8 @@ def optimizer(rule, lr, finite=None):
 def build(*, images, labels, num_ps, worker, schedule, sync=None, rule=SGD,
           terms=REFERENCE_TERMS, num_classes=cifar10_model.NUM_CLASSES,
           loss_scale=None, pack_transfers=False, transfer_dtype=tf.float32,
-          loss_scale_period=precision.LossScaled.INCREMENT_PERIOD):
+          loss_scale_period=precision.LossScaled.INCREMENT_PERIOD,
+          batch_norm_decay=cifar10_model.BATCH_NORM_DECAY):
   """Builds the model, loss and train op in the current device scope.
 
   Args:
@@ -102,7 +105,8 @@ def build(*, images, labels, num_ps, worker, schedule, sync=None, rule=SGD,
       this worker's index (0: the chief).
     sync: (replicas_to_aggregate, workers) for SyncReplicasOptimizer, or None.
     rule, terms: The UpdateRule, and the loss's LossTerms.
-    num_classes: The logits' size: the data's classes.
+    num_classes, batch_norm_decay: The logits' size (the data's classes);
+      what each update of BatchNorm's moving statistics keeps of them.
     loss_scale, loss_scale_period: float16's initial loss scale (None for
       none), and the good steps in a row that double it.
     pack_transfers, transfer_dtype: Whether to pack what a step sends
@@ -112,7 +116,8 @@ def build(*, images, labels, num_ps, worker, schedule, sync=None, rule=SGD,
   """
   global_step = tf1.train.get_or_create_global_step()
   loss, accuracy = model(images=images, labels=labels, num_ps=num_ps,
-                         num_classes=num_classes, terms=terms)
+                         num_classes=num_classes, terms=terms,
+                         batch_norm_decay=batch_norm_decay)
   lr = learning_rate.rate(schedule, global_step)
   opt, scaled = optimizer(rule, lr), None
   if loss_scale:  # It makes the optimizer for each outcome of its check.
@@ -134,10 +139,7 @@ def build(*, images, labels, num_ps, worker, schedule, sync=None, rule=SGD,
   if not sync:
     with tf.control_dependencies([update]):
       update = averages.apply(tf1.trainable_variables())
-  # BatchNorm's statistics once per global step: from every step of an
-  # asynchronous worker, from the synchronous chief's only.
-  statistics, batches = placement.colocated_statistics_updates(
-      [] if sync and worker else tf1.get_collection(tf1.GraphKeys.UPDATE_OPS))
+  statistics, batches = statistics_updates(sync=sync, worker=worker)
   train_op = tf.group(update, *statistics, *marks, name='train_op')
   with tf.control_dependencies([train_op]):  # The step it reached: after.
     step_after = global_step.read_value()
@@ -150,6 +152,15 @@ def build(*, images, labels, num_ps, worker, schedule, sync=None, rule=SGD,
   summaries(loss=loss, accuracy=accuracy, lr=lr, scaled=scaled)
   return TrainingGraph(global_step, loss, accuracy, step_after,
                        opt if sync else None, scaled, schedule, gradients)
+
+
+def statistics_updates(*, sync, worker):
+  """BatchNorm's moving statistics' updates, once per global step: from
+  every step of an asynchronous worker, from the synchronous chief's only
+  (N workers update them N times fewer an epoch: --batch_norm_decay).
+  Returns placement.colocated_statistics_updates' (ops, batches)."""
+  return placement.colocated_statistics_updates(
+      [] if sync and worker else tf1.get_collection(tf1.GraphKeys.UPDATE_OPS))
 
 
 def summaries(*, loss, accuracy, lr, scaled):

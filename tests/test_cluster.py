@@ -89,6 +89,8 @@ BAD_FLAGS = {
                           'at least 0 and below 1 (got 1.0)'),
     'negative_weight_decay': (['--weight_decay=-0.001'], '--weight_decay must '
                               'be 0 or more (got -0.001)'),
+    'batch_norm_decay_1': (['--batch_norm_decay=1'], '--batch_norm_decay must '
+                           'be at least 0 and below 1 (got 1.0)'),
 }
 
 

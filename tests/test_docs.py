@@ -150,6 +150,9 @@ FASHION_SGD = 'Fashion-MNIST, 20 epochs, plain SGD, cosine, scaled rate, no crop
 ZH = 'README.zh-CN.md'
 WORKERS_MOMENTUM = ("Fashion-MNIST, 3 epochs, 4 / 8 sync workers, the README's "
                     'momentum recipe, linear scaling, x 1')
+WORKERS_BATCH_NORM = ("Fashion-MNIST, 3 epochs, 8 / 4 sync workers, the "
+                      "README's momentum recipe, linear scaling, "
+                      '`--batch_norm_decay` 0.96 / 0.98, x 1')
 # (the table's row, the figure in it, {page: where the page states it}).
 TORCH_ROW = ('ours x PyTorch 2.13 (the same net, files and cores): one process; '
              '1 ps + 2 sync workers x DDP over 2 processes')
@@ -187,6 +190,11 @@ FIGURES = [
         'README.md': [r'8 within (0\.\d+) in 10'],
         ZH: [r'8 个在 10 个 epoch 时相差 (0\.\d+)'],
         'docs/performance.md': [r'and 8 within (0\.\d+) in 10']}),
+    (WORKERS_BATCH_NORM, r'^-(0\.\d+) /', {
+        'README.md': [r'8 workers within (0\.\d+) of one with 0\.96'],
+        ZH: [r'8 个 worker 用 0\.96 与 1 个相差 (0\.\d+)'],
+        'docs/performance.md': [r'within (0\.\d+) with `--batch_norm_decay=0\.96`'],
+        'docs/experiments.md': [r'hold 8 workers within (0\.\d+) of one']}),
     ("8 sync workers on machines of their own (the planner's 1 ps; 10 Gbit/s "
      'between 2-core machines), of linear', r'\*\*(0\.\d+)\*\*', {
          'README.md': [r'planner\'s 1 ps reached (0\.\d+) of linear'],

@@ -126,6 +126,27 @@ def test_batchnorm_statistics_update_in_a_training_step_only():
       assert sess.run(mean).any()
 
 
+@pytest.mark.parametrize('decay', [cifar10_model.BATCH_NORM_DECAY, 0.5])
+def test_batchnorm_statistics_move_by_their_decay(decay):
+  """--batch_norm_decay: from 0, one update moves the first BatchNorm's
+  moving mean (1 - decay) of the way to the batch's mean; photos of one
+  value v give each channel v x the sum of its filter (no padding)."""
+  with tf.Graph().as_default():
+    images = tf1.placeholder(tf.float32, [4, 32, 32, 3])
+    cifar10_model.inference(images, batch_norm_decay=decay)
+    layer = 'InceptionResnetV2/Conv2d_1a_3x3/'
+    weights, mean = [tf1.global_variables(layer + name)[0]
+                     for name in ('weights', 'BatchNorm/moving_mean')]
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      kernel = sess.run(weights)
+      sess.run(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS),
+               {images: np.full((4, 32, 32, 3), 5.0)})
+      moved = sess.run(mean)
+  np.testing.assert_allclose(moved, (1 - decay) * 5.0 * kernel.sum((0, 1, 2)),
+                             rtol=1e-4, atol=1e-7)
+
+
 def test_inference_mode_uses_moving_statistics_and_no_dropout():
   with tf.Graph().as_default():
     images, _, logits, _ = build(is_training=False)

@@ -261,13 +261,16 @@ def test_resumes_across_optimizers(procs, tiny_data, tmp_path, num_ps):
 
 
 def test_the_flags_reach_the_trainers_graph(procs, tiny_data, tmp_path):
-  """--momentum, --nesterov, --weight_decay and --label_smoothing, read
-  from the graph the chief wrote (graph.pbtxt): each update's factor and
-  kind, the factor of each of the 6 L2 terms, the smoothed targets."""
+  """--momentum, --nesterov, --weight_decay, --label_smoothing and
+  --batch_norm_decay, read from the graph the chief wrote (graph.pbtxt):
+  each update's factor and kind, the factor of each of the 6 L2 terms, the
+  smoothed targets, the share each of the 10 moving statistics' updates
+  moves them."""
   train_dir = str(tmp_path / 'train')
   procs.trainer('single', *single_process_flags(tiny_data, train_dir),
                 '--max_steps=2', '--optimizer=momentum', '--momentum=0.5',
-                '--nesterov', '--weight_decay=0.001', '--label_smoothing=0.2')
+                '--nesterov', '--weight_decay=0.001', '--label_smoothing=0.2',
+                '--batch_norm_decay=0.9')
   assert procs.wait_all(timeout=120) == {'single': 0}, procs.tails()
   with open(os.path.join(train_dir, 'graph.pbtxt')) as f:
     graph = text_format.Parse(f.read(), tf1.GraphDef())
@@ -292,3 +295,7 @@ def test_the_flags_reach_the_trainers_graph(procs, tiny_data, tmp_path):
   offset, = [i for i in shifted.input if i != scaled.name]
   assert (float(value(factor)), float(value(offset))) == (
       np.float32(0.8), np.float32(0.02))
+  moves = [n for n in nodes
+           if re.search(r'/BatchNorm/AssignMovingAvg(_1)?/decay$', n)]
+  assert len(moves) == 10
+  assert {float(value(n)) for n in moves} == {np.float32(1 - 0.9)}
