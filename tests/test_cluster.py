@@ -91,6 +91,9 @@ BAD_FLAGS = {
                               'be 0 or more (got -0.001)'),
     'batch_norm_decay_1': (['--batch_norm_decay=1'], '--batch_norm_decay must '
                            'be at least 0 and below 1 (got 1.0)'),
+    'negative_batch_norm_decay': (['--batch_norm_decay=-0.1'],
+                                  '--batch_norm_decay must be at least 0 and '
+                                  'below 1 (got -0.1)'),
 }
 
 

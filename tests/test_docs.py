@@ -193,8 +193,16 @@ FIGURES = [
     (WORKERS_BATCH_NORM, r'^-(0\.\d+) /', {
         'README.md': [r'8 workers within (0\.\d+) of one with 0\.96'],
         ZH: [r'8 个 worker 用 0\.96 与 1 个相差 (0\.\d+)'],
-        'docs/performance.md': [r'within (0\.\d+) with `--batch_norm_decay=0\.96`'],
+        'docs/performance.md': [
+            r'within (0\.\d+) with `--batch_norm_decay=0\.96`'],
         'docs/experiments.md': [r'hold 8 workers within (0\.\d+) of one']}),
+    (WORKERS_BATCH_NORM, r'^-0\.\d+ / -(0\.\d+) \(', {
+        'docs/performance.md': [r'4 within (0\.\d+) with 0\.98'],
+        'docs/experiments.md': [r'and 4 within (0\.\d+) in 3 epochs']}),
+    (WORKERS_BATCH_NORM, r'8 at 0\.995: -(0\.\d+)', {
+        'README.md': [r'(0\.\d+) short with 0\.995'],
+        ZH: [r'用 0\.995 差 (0\.\d+)'],
+        'docs/performance.md': [r'\((0\.\d+) on a Xeon\)']}),
     ("8 sync workers on machines of their own (the planner's 1 ps; 10 Gbit/s "
      'between 2-core machines), of linear', r'\*\*(0\.\d+)\*\*', {
          'README.md': [r'planner\'s 1 ps reached (0\.\d+) of linear'],

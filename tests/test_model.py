@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import cifar10_model
+import train_graph
 from helpers import ROOT
 
 tf1 = tf.compat.v1
@@ -126,25 +127,32 @@ def test_batchnorm_statistics_update_in_a_training_step_only():
       assert sess.run(mean).any()
 
 
-@pytest.mark.parametrize('decay', [cifar10_model.BATCH_NORM_DECAY, 0.5])
-def test_batchnorm_statistics_move_by_their_decay(decay):
-  """--batch_norm_decay: from 0, one update moves the first BatchNorm's
-  moving mean (1 - decay) of the way to the batch's mean; photos of one
-  value v give each channel v x the sum of its filter (no padding)."""
+@pytest.mark.parametrize('kwargs, decay', [({}, 0.995),
+                                           ({'batch_norm_decay': 0.5}, 0.5)])
+def test_batchnorm_statistics_move_by_their_decay(kwargs, decay):
+  """--batch_norm_decay (the reference's 0.995 by default), through the
+  updates the trainer runs: one moves the first BatchNorm's moving mean
+  (1 - decay) of the way from 0 to the batch's, its variance from 1 to the
+  batch's 0: photos of one value v give each channel v x the sum of its
+  filter (no padding), everywhere."""
   with tf.Graph().as_default():
     images = tf1.placeholder(tf.float32, [4, 32, 32, 3])
-    cifar10_model.inference(images, batch_norm_decay=decay)
+    cifar10_model.inference(images, **kwargs)
+    updates, _ = train_graph.statistics_updates(sync=None, worker=0)
+    assert len(updates) == 10
     layer = 'InceptionResnetV2/Conv2d_1a_3x3/'
-    weights, mean = [tf1.global_variables(layer + name)[0]
-                     for name in ('weights', 'BatchNorm/moving_mean')]
+    weights, mean, variance = [
+        tf1.global_variables(layer + name)[0] for name in (
+            'weights', 'BatchNorm/moving_mean', 'BatchNorm/moving_variance')]
     with tf1.Session() as sess:
       sess.run(tf1.global_variables_initializer())
       kernel = sess.run(weights)
-      sess.run(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS),
-               {images: np.full((4, 32, 32, 3), 5.0)})
-      moved = sess.run(mean)
-  np.testing.assert_allclose(moved, (1 - decay) * 5.0 * kernel.sum((0, 1, 2)),
-                             rtol=1e-4, atol=1e-7)
+      sess.run(updates, {images: np.full((4, 32, 32, 3), 5.0)})
+      moved = sess.run([mean, variance])
+  np.testing.assert_allclose(moved[0], (1 - decay) * 5.0 * kernel.sum(
+      (0, 1, 2)), rtol=1e-4, atol=1e-7)
+  np.testing.assert_allclose(moved[1], np.full(32, decay), rtol=1e-5,
+                             atol=1e-6)
 
 
 def test_inference_mode_uses_moving_statistics_and_no_dropout():

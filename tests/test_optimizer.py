@@ -264,8 +264,8 @@ def test_the_flags_reach_the_trainers_graph(procs, tiny_data, tmp_path):
   """--momentum, --nesterov, --weight_decay, --label_smoothing and
   --batch_norm_decay, read from the graph the chief wrote (graph.pbtxt):
   each update's factor and kind, the factor of each of the 6 L2 terms, the
-  smoothed targets, the share each of the 10 moving statistics' updates
-  moves them."""
+  smoothed targets, and the rates of the 10 updates of BatchNorm's moving
+  statistics the train op runs (placement rebuilds slim's)."""
   train_dir = str(tmp_path / 'train')
   procs.trainer('single', *single_process_flags(tiny_data, train_dir),
                 '--max_steps=2', '--optimizer=momentum', '--momentum=0.5',
@@ -295,7 +295,16 @@ def test_the_flags_reach_the_trainers_graph(procs, tiny_data, tmp_path):
   offset, = [i for i in shifted.input if i != scaled.name]
   assert (float(value(factor)), float(value(offset))) == (
       np.float32(0.8), np.float32(0.02))
-  moves = [n for n in nodes
-           if re.search(r'/BatchNorm/AssignMovingAvg(_1)?/decay$', n)]
+  run, todo = set(), ['train_op']  # What the train op runs.
+  while todo:
+    name = re.sub(r'^\^|:\d+$', '', todo.pop())
+    if name not in run:
+      run.add(name)
+      todo += nodes[name].input
+  moves = [nodes[n] for n in run if nodes[n].op == 'AssignSubVariableOp' and
+           re.search(r'/BatchNorm/moving_(mean|variance)$', nodes[n].input[0])]
   assert len(moves) == 10
-  assert {float(value(n)) for n in moves} == {np.float32(1 - 0.9)}
+  rates = [i for m in moves for i in nodes[m.input[1]].input
+           if nodes[i].op == 'Const']
+  assert len(rates) == 10
+  assert {float(value(r)) for r in rates} == {np.float32(1 - 0.9)}
