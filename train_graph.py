@@ -16,6 +16,7 @@ import tensorflow as tf
 import cifar10_model
 from training import learning_rate
 from training import placement
+from training import ps_gradients
 from training import precision
 from training import sync_protocol
 from training import transfers
@@ -118,40 +119,65 @@ def build(*, images, labels, num_ps, worker, schedule, sync=None, rule=SGD,
   loss, accuracy = model(images=images, labels=labels, num_ps=num_ps,
                          num_classes=num_classes, terms=terms,
                          batch_norm_decay=batch_norm_decay)
-  lr = learning_rate.rate(schedule, global_step)
+  with tf1.device(global_step.device):  # Where the update takes it.
+    lr = learning_rate.rate(schedule, global_step)
   opt, scaled = optimizer(rule, lr), None
   if loss_scale:  # It makes the optimizer for each outcome of its check.
     opt = scaled = precision.LossScaled(functools.partial(optimizer, rule, lr),
                                         loss_scale, loss_scale_period)
   averages = placement.ColocatedAverages(
       cifar10_model.moving_averages(global_step))
+  joined = sync and pack_transfers  # One accumulator a ps: ps_gradients.
   if sync:  # Its chief applies the aggregated gradients, then the averages.
     opt = tf1.train.SyncReplicasOptimizer(
-        opt, replicas_to_aggregate=sync[0], total_num_replicas=sync[1],
+        ps_gradients.SplitOptimizer(opt) if joined else opt,
+        replicas_to_aggregate=sync[0], total_num_replicas=sync[1],
         variable_averages=averages,
         variables_to_average=tf1.trainable_variables(),
         name='cifar10_sync_replicas')
   grads_and_vars = opt.compute_gradients(loss)
+  if joined:
+    grads_and_vars = ps_gradients.join(grads_and_vars)
   gradients = [g for g, _ in grads_and_vars if g is not None]
   update = opt.apply_gradients(grads_and_vars, global_step=global_step)
-  # Who applied what, for the chief's watch on hung and slow workers.
+  train_op, step_after, batches = step_end(
+      global_step=global_step, worker=worker, update=update, sync=sync,
+      averages=averages, read_back=joined)
+  if scaled:  # For the chief's line on skipped steps.
+    scaled.after = scaled.reads_after(train_op)
+  if pack_transfers:
+    transfers.pack(fetches=[step_after, loss, accuracy], gradients=gradients,
+                   statistics=batches, transfer_dtype=transfer_dtype,
+                   sync=bool(sync))
+  summaries(loss=loss, accuracy=accuracy, lr=lr, scaled=scaled)
+  return TrainingGraph(global_step, loss, accuracy, step_after,
+                       opt if sync else None, scaled, schedule, gradients)
+
+
+def step_end(*, global_step, worker, update, sync, averages, read_back):
+  """What a step runs after the gradients' update: an asynchronous worker's
+  moving averages, BatchNorm's statistics, a synchronous worker's progress
+  mark (who applied what, for the chief's watch on hung and slow workers).
+
+  Args:
+    read_back: A packed synchronous step reads the global step back with
+      its token, in one transfer (transfers.read_back_once).
+
+  Returns: (the train op, the global step it reached, read after it, the
+    batch statistics the step sends).
+  """
   marks = [sync_protocol.mark_progress(global_step, worker)] if sync else []
   if not sync:
     with tf.control_dependencies([update]):
       update = averages.apply(tf1.trainable_variables())
   statistics, batches = statistics_updates(sync=sync, worker=worker)
+  if read_back:
+    return transfers.read_back_once(
+        global_step=global_step, worker=worker, update=update,
+        statistics=statistics, mark=marks[0]) + (batches,)
   train_op = tf.group(update, *statistics, *marks, name='train_op')
-  with tf.control_dependencies([train_op]):  # The step it reached: after.
-    step_after = global_step.read_value()
-  if scaled:  # For the chief's line on skipped steps.
-    scaled.after = scaled.reads_after(train_op)
-  if pack_transfers:
-    transfers.pack(fetches=[step_after, loss, accuracy],
-                   gradients=gradients, statistics=batches, transfer_dtype=transfer_dtype,
-                   sync=bool(sync))
-  summaries(loss=loss, accuracy=accuracy, lr=lr, scaled=scaled)
-  return TrainingGraph(global_step, loss, accuracy, step_after,
-                       opt if sync else None, scaled, schedule, gradients)
+  with tf.control_dependencies([train_op]):
+    return train_op, global_step.read_value(), batches
 
 
 def statistics_updates(*, sync, worker):

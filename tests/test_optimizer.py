@@ -37,10 +37,12 @@ def batch():
           rng.integers(0, 10, size=8).astype(np.int32))
 
 
-def worker_graph(*, rule, cluster, worker):
+def worker_graph(*, rule, cluster, worker, packed=True):
   """The trainer's graph of worker on batch(), in a graph of its own: for
   one process (cluster None), or over cluster's ps tasks through
-  SyncReplicasOptimizer, each update averaging WORKERS gradients."""
+  SyncReplicasOptimizer, each update averaging WORKERS gradients; packed
+  (in a cluster) as the trainer packs by default: one accumulator a ps,
+  the step's end as one tensor."""
   images, labels = batch()
   graph = tf.Graph()
   with graph.as_default():
@@ -53,11 +55,12 @@ def worker_graph(*, rule, cluster, worker):
           images=images, labels=labels,
           num_ps=cluster.num_tasks('ps') if cluster else 0, worker=worker,
           schedule=CONSTANT, rule=rule,
-          sync=(WORKERS, WORKERS) if cluster else None)
+          sync=(WORKERS, WORKERS) if cluster else None,
+          pack_transfers=packed and cluster is not None)
   return graph, built
 
 
-def train(out, rule, initial=None, spec=None):
+def train(out, rule, initial=None, spec=None, packed=True):
   """UPDATES updates of the trainer's graph with rule on batch(), from the
   checkpoint initial (None: its own initial values, saved as out-0): in one
   process, or on the gRPC servers of spec (its ps tasks and WORKERS
@@ -66,7 +69,8 @@ def train(out, rule, initial=None, spec=None):
   its gradient in update N}], {node: the task it ran on in update 1's
   trace of the chief's update})."""
   cluster = tf.train.ClusterSpec(spec) if spec else None
-  graph, built = worker_graph(rule=rule, cluster=cluster, worker=0)
+  graph, built = worker_graph(rule=rule, cluster=cluster, worker=0,
+                              packed=packed)
   config = tf1.ConfigProto(operation_timeout_in_ms=120000)  # No hang.
   trace = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE)
   metadata = tf1.RunMetadata()
@@ -86,7 +90,8 @@ def train(out, rule, initial=None, spec=None):
       # workers' steps take theirs from the update of their gradients.
       sess.run(opt.chief_init_op)
       sync_op = opt.get_chief_queue_runner().enqueue_ops[0]
-      other, other_built = worker_graph(rule=rule, cluster=cluster, worker=1)
+      other, other_built = worker_graph(rule=rule, cluster=cluster, worker=1,
+                                        packed=packed)
       with other.as_default():
         local_init = tf1.local_variables_initializer()
       worker1 = stack.enter_context(tf1.Session(
@@ -120,10 +125,12 @@ def accumulators(path):
           if name.endswith('/Momentum')}
 
 
-@pytest.mark.parametrize('num_ps, nesterov', [(1, False), (2, True)],
-                         ids=['1ps', '2ps_nesterov'])
+@pytest.mark.parametrize('num_ps, nesterov, packed',
+                         [(1, False, False), (1, False, True),
+                          (2, True, True)],
+                         ids=['1ps_plain', '1ps', '2ps_nesterov'])
 def test_momentum_in_a_sync_cluster_updates_as_one_process(
-    procs, tmp_path, monkeypatch, num_ps, nesterov):
+    procs, tmp_path, monkeypatch, num_ps, nesterov, packed):
   """Three updates in one process, and through ps tasks and 2 synchronous
   workers (gRPC servers, in a process of their own; 2 ps: the big kernels
   partitioned), each update the mean of the workers' 2 gradients on the
@@ -157,7 +164,7 @@ def test_momentum_in_a_sync_cluster_updates_as_one_process(
               env={'TF_CPP_MIN_LOG_LEVEL': '2'})
   procs.wait_for_line('servers', 'serving', 60)
   clustered, _, ran_on = train(str(tmp_path / 'cluster'), rule,
-                               initial=alone[0], spec=spec)
+                               initial=alone[0], spec=spec, packed=packed)
   start = tf.train.load_checkpoint(alone[0])
   alone, clustered = (tf.train.load_checkpoint(p[-1])
                       for p in (alone, clustered))
@@ -175,7 +182,7 @@ def test_momentum_in_a_sync_cluster_updates_as_one_process(
   # Where each update ran: the weight's handle, the accumulator's and the
   # update, all on one ps; the names from the graph, the tasks from the run.
   graph, _ = worker_graph(rule=rule, cluster=tf.train.ClusterSpec(spec),
-                          worker=0)
+                          worker=0, packed=packed)
   updates = [op for op in graph.get_operations()
              if op.type == 'ResourceApplyMomentum']
   # 2 ps: 2 kernels in 2 parts each, each part with its own accumulator.

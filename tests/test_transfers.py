@@ -91,73 +91,68 @@ def crossing(num_ps, sync, task_index, packed=True):
                        for n in names) for edge, names in sent.items()}
 
 
-# Read on the ps after the step: the global step it reached.
-STEP_AFTER = 'Read/ReadVariableOp'
-# The worker's local step, read on the worker (the accumulators' input).
-LOCAL_STEP = 'cifar10_sync_replicas/ReadVariableOp'
-GRADIENTS = 'packed'  # The gradients, packed as the weights are.
-TOKEN = 'sync_token_q_Dequeue'
+# From the global step's ps once the step has its token: the token, the
+# global step then and the worker's aside flag, as one tensor.
+STEP_END = 'step_end'
+# The gradients, the local step (for the accumulators' staleness check) and
+# the chief's 10 BatchNorm statistics, as one tensor.
+PUSHED = 'packed'
+WEIGHTS = 'packed'
 
 
 def test_a_synchronous_chief_sends_each_kind_once():
-  """1 ps: the weights come in one tensor, and go back their gradients in
-  one, the 10 BatchNorm statistics in one, the local step (for the
-  accumulators' staleness check) once; the token comes back. Besides, a
-  control edge each way (the train op's group on the ps, and the read of
-  the step after it). Was 65 transfers a step in a trace (12 weights,
-  12 gradients, 12 local steps, 20 for the statistics, 6 for the hooks'
-  read of the global step...)."""
+  """1 ps: the weights come in one tensor, and go back in one with the
+  local step and the statistics; the token, the step after it and the
+  aside flag come back in one. No control edge: the ps waits for its own
+  ops. Was 65 transfers a step in a trace (12 weights, 12 gradients, 12
+  local steps, 20 for the statistics, 6 for the hooks' read of the global
+  step...), then 9."""
   assert crossing(1, True, 0) == {
-      ('ps0', 'worker0'): sorted(['packed', TOKEN, STEP_AFTER,
-                                  '^train_op/NoOp']),
-      ('worker0', 'ps0'): sorted([GRADIENTS, 'packed', LOCAL_STEP,
-                                  '^train_op'])}
+      ('ps0', 'worker0'): sorted([WEIGHTS, STEP_END]),
+      ('worker0', 'ps0'): [PUSHED]}
 
 
 def test_a_synchronous_worker_sends_no_statistics():
-  """Not the chief: no statistics; the train op's part on the ps is the
-  progress mark (sync_protocol.mark_progress), one control edge back."""
+  """Not the chief: the same two tensors each way (its pack holds no
+  statistics); the progress mark waits on the ps, not on the worker."""
   assert crossing(1, True, 1) == {
-      ('ps0', 'worker1'): sorted(['packed', TOKEN, STEP_AFTER,
-                                  '^train_op/NoOp']),
-      ('worker1', 'ps0'): sorted([GRADIENTS, LOCAL_STEP, '^train_op'])}
+      ('ps0', 'worker1'): sorted([WEIGHTS, STEP_END]),
+      ('worker1', 'ps0'): [PUSHED]}
 
 
 def test_with_two_ps_each_gets_its_own_packs():
   """Each ps holds its own variables and parts of the big kernels (see
-  placement): one pack each way for each, the statistics to the ps
-  that holds them, the local step once to each; the global step and the
-  token from ps 0, which waits for ps 1's accumulators once (was 9
-  control edges: one from each of its accumulators)."""
+  placement): one pack each way for each, the statistics and the local
+  step inside each push; the step's end from ps 0 only, which waits for
+  ps 1's accumulators and statistics once (was 9 control edges: one from
+  each of its accumulators)."""
   assert crossing(2, True, 0) == {
-      ('ps0', 'worker0'): sorted(['packed', TOKEN, STEP_AFTER,
-                                  '^train_op/NoOp']),
-      ('ps1', 'worker0'): sorted(['packed', '^train_op/NoOp']),
+      ('ps0', 'worker0'): sorted([WEIGHTS, STEP_END]),
+      ('ps1', 'worker0'): [WEIGHTS],
       ('ps1', 'ps0'): ['^gradients_taken'],
-      ('worker0', 'ps0'): sorted([GRADIENTS, 'packed', LOCAL_STEP,
-                                  '^train_op']),
-      ('worker0', 'ps1'): sorted([GRADIENTS, 'packed', LOCAL_STEP])}
+      ('worker0', 'ps0'): [PUSHED],
+      ('worker0', 'ps1'): [PUSHED]}
 
 
 def test_an_asynchronous_worker_sends_the_rate_it_trained_at():
   """Asynchronous, 2 ps: no token or local step; each worker updates the
-  statistics itself, and sends each ps the learning rate its step
-  computed from the global step. The rest are the control edges of the
-  optimizer's groups (TensorFlow's, left as they are: the asynchronous
-  cluster is not the slower one)."""
+  statistics itself (in its push). The learning rate is computed on ps 0,
+  beside the global step, and sent to ps 1 (not read to the worker and
+  sent back). The rest are the control edges of the optimizer's groups
+  (TensorFlow's, left as they are) and the read of the step after it."""
   assert crossing(2, False, 1) == {
-      ('ps0', 'ps1'): ['ExponentialMovingAverage/num_updates/ReadVariableOp',
+      ('ps0', 'ps1'): ['ExponentialDecay',
+                       'ExponentialMovingAverage/num_updates/ReadVariableOp',
                        '^GradientDescent'],
       ('ps0', 'worker1'): sorted([
-          'packed', 'ExponentialDecay/Cast/ReadVariableOp', STEP_AFTER,
-          '^GradientDescent/update/NoOp', '^group:moving_averages',
-          '^train_op/NoOp']),
+          WEIGHTS, 'Read/ReadVariableOp', '^GradientDescent/update/NoOp',
+          '^group:moving_averages', '^train_op/NoOp']),
       ('ps1', 'worker1'): sorted([
-          'packed', '^GradientDescent/update/NoOp', '^moving_averages/NoOp',
+          WEIGHTS, '^GradientDescent/update/NoOp', '^moving_averages/NoOp',
           '^train_op/NoOp']),
-      ('worker1', 'ps0'): sorted(['ExponentialDecay', GRADIENTS, 'packed',
-                                  '^GradientDescent/update', '^train_op']),
-      ('worker1', 'ps1'): sorted(['ExponentialDecay', GRADIENTS, 'packed'])}
+      ('worker1', 'ps0'): sorted([PUSHED, '^GradientDescent/update',
+                                  '^train_op']),
+      ('worker1', 'ps1'): [PUSHED]}
 
 
 def one_step(target, cluster, checkpoint, batch, out, packed=True):

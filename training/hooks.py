@@ -22,6 +22,7 @@ from training import learning_rate
 from training import liveness
 from training import process
 from training import sync_protocol
+from training import tf_compat
 
 tf1 = tf.compat.v1
 
@@ -134,6 +135,10 @@ class CheckpointSaverHook(tf1.train.SessionRunHook):
 
   def begin(self):
     self._global_step = tf1.train.get_global_step()
+    # The read TensorFlow's hooks fetch in the step, where the packing made
+    # one (tf_compat.one_step_read): the step then reads the step once.
+    read = tf_compat.registered_step_read()
+    self._step_read = self._global_step if read is None else read
 
   def after_create_session(self, session, coord):
     try:
@@ -185,7 +190,7 @@ class CheckpointSaverHook(tf1.train.SessionRunHook):
     return checkpoints.unreadable(newest) is None
 
   def before_run(self, run_context):
-    return tf1.train.SessionRunArgs(self._global_step)  # Read in the step.
+    return tf1.train.SessionRunArgs(self._step_read)  # Read in the step.
 
   def after_run(self, run_context, run_values):
     if run_values.results + 1 < self._last_saved + self._save_steps:

@@ -18,12 +18,10 @@ chief is never set aside: it writes the checkpoints.
 
 import collections
 import statistics
-import threading
 import time
 
 import tensorflow as tf
 
-from training import liveness
 from training import sync_protocol
 
 tf1 = tf.compat.v1
@@ -178,9 +176,9 @@ class StandAsideHook(tf1.train.SessionRunHook):
   """A synchronous worker's side of being set aside: between two of its
   steps, while the chief's mark is on, it gives back its token, times
   trial steps every TRIAL_SECS (the median of its last 3 times posted), and
-  once taken back takes a token again and goes on."""
+  once taken back takes a token again and goes on. Each step brings the
+  mark back with it (sync_protocol.aside_seen), so no poll asks ps 0."""
 
-  POLL_SECS = 0.5
   TRIAL_SECS = 2
   TRIAL_RUN_SECS = 0.2
 
@@ -190,26 +188,14 @@ class StandAsideHook(tf1.train.SessionRunHook):
     self._max_steps = max_steps
     self._trial = tf.group(*gradients)
     self._flag = sync_protocol.aside_flag(global_step, task_index)
+    self._seen = sync_protocol.aside_seen(global_step, task_index)
     self._post = sync_protocol.set_value(global_step, sync_protocol.TRIAL_MS,
                                          task_index)
     self._give_back = sync_protocol.give_back_own_token(global_step)
     self._take = sync_protocol.take_token(global_step)
-    self._aside = threading.Event()
-    self._session = None
 
-  def after_create_session(self, session, coord):
-    if self._session is None:
-      threading.Thread(target=self._watch, daemon=True,
-                       name='set_aside').start()
-    self._session = session
-
-  def _watch(self):
-    read = liveness.BoundedRead()
-    while True:
-      time.sleep(self.POLL_SECS)
-      flag = read(self._session, self._flag)
-      if flag is not None:
-        (self._aside.set if flag > 0 else self._aside.clear)()
+  def before_run(self, run_context):
+    return tf1.train.SessionRunArgs(self._seen)
 
   def trial_ms(self, session):
     """Runs trial steps (their gradients, not applied) for TRIAL_RUN_SECS,
@@ -222,7 +208,7 @@ class StandAsideHook(tf1.train.SessionRunHook):
     return (time.time() - start) * 1000 / count
 
   def after_run(self, run_context, run_values):
-    if not self._aside.is_set():
+    if run_values.results is None or run_values.results <= 0:
       return
     session = run_context.session
     try:
@@ -237,7 +223,7 @@ class StandAsideHook(tf1.train.SessionRunHook):
           'others make its share of each update while it times one every '
           '%d s' % (self._name, statistics.median(trials), self.TRIAL_SECS),
           flush=True)
-    while self._aside.is_set():
+    while session.run(self._flag) > 0:
       if session.run(self._global_step) >= self._max_steps:
         run_context.request_stop()
         return

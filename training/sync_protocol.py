@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from training import checkpoints
 from training import liveness
+from training import ps_gradients
 
 tf1 = tf.compat.v1
 
@@ -64,14 +65,20 @@ def close_tokens(global_step):
 
 def fewest_gradients():
   """A tensor: the fewest gradients any ps's accumulators hold now (each
-  ps's first variable's accumulator stands for that ps's)."""
+  ps's first accumulator stands for that ps's). With the packing, one
+  accumulator a ps (ps_gradients.PsVariables); else one a variable."""
   def build():
+    joined = any(op.type.endswith('ConditionalAccumulator') and
+                 op.get_attr('shared_name').startswith(b'ps_gradients_')
+                 for op in tf1.get_default_graph().get_operations())
+    stand_ins = tf1.trainable_variables()
+    stand_ins = ps_gradients.by_ps(stand_ins) if joined else stand_ins
     counts = collections.OrderedDict()
-    for var in tf1.trainable_variables():
+    for var in stand_ins:
       if var.device not in counts:
-        with tf1.colocate_with(var):
+        with tf1.device(var.device):
           counts[var.device] = tf1.ConditionalAccumulator(
-              var.dtype.base_dtype, shape=var.shape,
+              tf.float32, shape=var.get_shape(),
               shared_name=var.name + ACCUMULATOR_SUFFIX,
               name='gradients').num_accumulated()
     return tf.reduce_min(list(counts.values()))
@@ -165,6 +172,31 @@ def aside_flag(global_step, worker):
   return _once('aside_%d' % worker, build)
 
 
+def step_end(global_step, worker):
+  """What a synchronous worker's step reads back from the global step's ps,
+  as one tensor once it has its token: the token, the global step then,
+  and its aside flag. Returns the first two, split on this worker (the
+  flag is aside_seen()'s)."""
+  dequeue = next(op for op in tf1.get_default_graph().get_operations()
+                 if is_token_dequeue(op))
+  with tf1.device(None), tf1.device(global_step.device):
+    with tf.control_dependencies([dequeue]):
+      after = global_step.read_value()
+    state = tf.stack([dequeue.outputs[0], after,
+                      aside_flag(global_step, worker)], name='step_end')
+  token, step, aside = tf.unstack(state)
+  _once('aside_seen_%d' % worker, lambda: aside)
+  return token, step
+
+
+def aside_seen(global_step, worker):
+  """A tensor to fetch with each training step: 1 once the chief has set
+  worker aside. Where step_end() built the step, the step's own read back
+  (no RPC of its own); else a read of the table."""
+  return _once('aside_seen_%d' % worker,
+               lambda: aside_flag(global_step, worker))
+
+
 def read_progress(global_step, num_workers):
   """A tensor [KINDS, num_workers]: the table's values (-1: none yet)."""
   def build():
@@ -174,6 +206,27 @@ def read_progress(global_step, num_workers):
       return tf.reshape(_lookup(progress_table(global_step), tf.constant(
           keys, tf.int64)), [KINDS, num_workers])
   return _once('read_progress', build)
+
+
+def watch_reads(global_step, num_workers):
+  """What the chief's watch reads, as one tensor from the global step's ps
+  (one transfer, not one a value): the token queue's size, the fewest
+  gradients a ps holds, the global step, the progress table. split_watch()
+  gives them back."""
+  def build():
+    with tf1.device(None), tf1.device(global_step.device):
+      return tf.concat([tf.cast(tf.stack([
+          token_queue(global_step).size(), fewest_gradients()]), tf.int64),
+                        tf.reshape(global_step.read_value(), [1]),
+                        tf.reshape(read_progress(global_step, num_workers),
+                                   [-1])], 0, name='watch_reads')
+  return _once('watch_reads', build)
+
+
+def split_watch(values, num_workers):
+  """watch_reads()' value as its 3 numbers and the [KINDS, workers] table."""
+  return [int(values[0]), int(values[1]), int(values[2]),
+          values[3:].reshape([KINDS, num_workers])]
 
 
 def set_value(global_step, kind, worker):

@@ -69,3 +69,11 @@ def one_step_read(global_step):
   with tf1.colocate_with(global_step):
     read = tf.identity(global_step.read_value(), name='global_step_read')
   tf1.add_to_collection(training_util.GLOBAL_STEP_READ_KEY, read)
+
+
+def registered_step_read():
+  """The read of the global step one_step_read registered, or None: the
+  suite's own hooks fetch it too, so that a step reads the step once."""
+  from tensorflow.python.training import training_util  # pylint: disable=g-import-not-at-top
+  reads = tf1.get_collection(training_util.GLOBAL_STEP_READ_KEY)
+  return reads[0] if reads else None

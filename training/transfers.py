@@ -53,10 +53,66 @@ def pack(*, fetches, gradients, statistics, transfer_dtype, sync):
     _add_crossings(groups, [tensor], tensor.ref(), transfer_dtype, consumers)
   for tensor in statistics:
     _add_crossings(groups, [tensor], tensor.ref(), None, consumers)
-  for (source, dest, _, cast), by_key in groups.items():
-    send_packed(list(by_key.values()), source=source, dest=dest, cast=cast)
+  links = collections.OrderedDict()
+  for (source, dest, dtype, cast), by_key in groups.items():
+    # What a worker sends a ps goes as one tensor: the gradients, the local
+    # step, the statistics (each waits for the gradients: the ps uses none
+    # before them). Pulls keep a tensor a kind: the weights come first.
+    push = _task(source)[0] == 'worker' and _task(dest)[0] == 'ps'
+    links.setdefault((source, dest) if push else (source, dest, dtype, cast),
+                     []).extend((t, edges, cast) for t, edges in
+                                by_key.values())
+  for link, pieces in links.items():
+    send_packed(pieces, source=link[0], dest=link[1])
   if sync:
     _group_token_waits(tf1.get_default_graph())
+
+
+def read_back_once(*, global_step, worker, update, statistics, mark):
+  """Ends a synchronous step with one transfer from the global step's ps.
+
+  SyncReplicasOptimizer's step puts its token, taken on that ps, into the
+  worker's local step; the article's loop then reads the global step after
+  the step, and the progress mark and BatchNorm's updates, on the ps tasks,
+  are the worker's train op's to wait for: a tensor or a control edge across
+  each. Here the ps tasks wait for them: the mark for the statistics (and,
+  as before, the gradients), the token for the mark; and the global step's
+  ps sends the token, the step and the aside flag as one tensor
+  (sync_protocol.step_end).
+
+  Args:
+    global_step: The global step.
+    worker: This worker's index.
+    update: SyncReplicasOptimizer's train op: the local step's assign.
+    statistics: BatchNorm's updates on the ps tasks ([] but the chief's).
+    mark: sync_protocol.mark_progress's op.
+
+  Returns:
+    (the train op, the global step after it), on this worker.
+  """
+  update = update if isinstance(update, tf.Operation) else update.op
+  ops = update.graph.get_operations()
+  dequeue = next(op for op in ops if sync_protocol.is_token_dequeue(op))
+  waits = next(op for op in ops if sync_protocol.is_progress_mark(op))
+  # Private: Operation._add_control_inputs / _remove_all_control_inputs, as
+  # in _group_token_waits. If they go, this raises AttributeError;
+  # --nopack_transfers runs without.
+  waits._add_control_inputs([  # pylint: disable=protected-access
+      s if isinstance(s, tf.Operation) else s.op for s in statistics])
+  dequeue._remove_all_control_inputs()  # pylint: disable=protected-access
+  dequeue._add_control_inputs([mark])  # pylint: disable=protected-access
+  token = dequeue.outputs[0]
+  with tf1.device(_device(update)):  # The local step's: this worker.
+    here, step = sync_protocol.step_end(global_step, worker)
+  for index, tensor in enumerate(update.inputs):
+    if tensor is token:
+      # Private: Operation._update_input, as in send_packed. If it goes,
+      # this raises AttributeError; --nopack_transfers runs without.
+      update._update_input(index, here)  # pylint: disable=protected-access
+  # Not tf.group: it would put the op where the assign's device string
+  # says (the global step's ps), not beside the local step it assigns.
+  with tf1.device(_device(update)), tf.control_dependencies([update]):
+    return tf.no_op(name='train_op'), tf.identity(step, name='step_after')
 
 
 def _ops_run_by(fetches):
@@ -134,24 +190,53 @@ def send_packed(pieces, *, source, dest, cast=None):
 
   Args:
     pieces: [(tensor on source, [(op on dest that takes it, input index)])],
-      of one dtype, each of a static shape.
+      each of a static shape; a third item, where given, is that piece's
+      cast. A piece of another dtype than the pack's (its largest kind's)
+      crosses inside it bit for bit (tf.bitcast: an int64 is 2 float32s);
+      one of fewer bytes an element than the pack's in a pack of its own.
     source, dest: The two devices.
     cast: A dtype to cross as (cast back after the split), or None.
   """
+  pieces = [tuple(p) if len(p) == 3 else (p[0], p[1], cast) for p in pieces]
+  # The largest first: it starts the pack on 64 bytes (see the split).
+  pieces.sort(key=lambda p: -p[0].shape.num_elements())
+  crossing = [c or t.dtype for t, _, c in pieces]
+  elements = collections.Counter()
+  for (tensor, _, _), dtype in zip(pieces, crossing):
+    elements[dtype] += tensor.shape.num_elements()
+  wire = elements.most_common(1)[0][0]
+  apart = [p for p, d in zip(pieces, crossing) if d.size < wire.size]
+  if apart:
+    send_packed(apart, source=source, dest=dest)
+    pieces = [p for p, d in zip(pieces, crossing) if d.size >= wire.size]
   with tf1.device(source):
-    sent = [tf.cast(t, cast) if cast else t for t, _ in pieces]
+    sent = [tf.cast(t, c) if c and c != t.dtype else t for t, _, c in pieces]
+    sent = [tf.bitcast(t, wire) if t.dtype != wire else t for t in sent]
     if len(pieces) > 1:
       sent = [tf.concat([tf.reshape(t, [-1]) for t in sent], 0,
                         name='packed')]
   with tf1.device(dest):
-    if len(pieces) > 1:
-      received = tf.split(sent[0], [t.shape.num_elements() for t, _ in pieces])
-      received = [tf.reshape(r, t.shape) for r, (t, _) in zip(received, pieces)]
+    sizes = [(c or t.dtype).size // wire.size * t.shape.num_elements()
+             for t, _, c in pieces]
+    if len(pieces) > 1 and _task(dest)[0] == 'ps':
+      # A slice each: one that starts and ends on 64 bytes (the gradients
+      # of ps_gradients, first) shares the pack's buffer; a SplitV would
+      # copy every piece, on the ps that serves every worker.
+      offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+      received = [tf.slice(sent[0], [o], [n]) for o, n in zip(offsets, sizes)]
+    elif len(pieces) > 1:
+      received = tf.split(sent[0], sizes)
     else:
       received = sent
-    if cast:
-      received = [tf.cast(r, t.dtype) for r, (t, _) in zip(received, pieces)]
-    for piece, (_, edges) in zip(received, pieces):
+    for i, (tensor, edges, c) in enumerate(pieces):
+      piece, crossed = received[i], c or tensor.dtype
+      if crossed != wire:  # Back from the wire's bits.
+        ratio = crossed.size // wire.size
+        piece = tf.bitcast(tf.reshape(piece, tensor.shape.as_list() + (
+            [ratio] if ratio > 1 else [])), crossed)
+      piece = tf.reshape(piece, tensor.shape)
+      if c and c != tensor.dtype:
+        piece = tf.cast(piece, tensor.dtype)
       for op, index in edges:
         # Private: Operation._update_input. If it goes, nothing is packed
         # and this raises AttributeError; --nopack_transfers runs without.

@@ -31,8 +31,12 @@ def in_order(*, graph, scaffold, train_dir, task, single_process,
   task_index = task.task_index
   is_chief = task_index == 0
   sync_replicas = replicas if graph.sync_opt else None
-  hooks = [tf1.train.NanTensorHook(graph.loss),  # First: no NaN is saved.
-           tf1.train.StopAtStepHook(last_step=max_steps)]
+  hooks = [tf1.train.NanTensorHook(graph.loss)]  # First: no NaN is saved.
+  if single_process:
+    hooks.append(tf1.train.StopAtStepHook(last_step=max_steps))
+  # In a cluster the loop stops at max_steps on the step each run reached,
+  # which it reads anyway: StopAtStepHook's own read of the global step
+  # would cost every worker's step one more RPC to its ps.
   if is_chief:
     hooks += [session_hooks.CheckpointSaverHook(
         train_dir, save_checkpoint_steps, scaffold, task.ps_hosts),

@@ -47,11 +47,8 @@ class LostWorkersHook(tf1.train.SessionRunHook):
       # A worker lost in its step may have given its gradients to one ps
       # only: the fewest any ps holds is what the update waits on.
       self._refill = sync_protocol.refill_token(global_step)
-      self._reads = [sync_protocol.token_queue(global_step).size(),
-                     sync_protocol.fewest_gradients(),
-                     global_step.read_value(),
-                     sync_protocol.read_progress(global_step,
-                                                 len(worker_hosts))]
+      self._reads = sync_protocol.watch_reads(global_step,
+                                              len(worker_hosts))
       self._marks = [sync_protocol.set_aside(global_step, i)
                      for i in range(len(worker_hosts))]
     self._session = None
@@ -99,7 +96,10 @@ class LostWorkersHook(tf1.train.SessionRunHook):
             judge.forget(i)  # Restarted: its first steps are slow.
       if len(seen) < len(self._hosts) - 1:
         seen = self._watched(seen)
-      values = read(self._session, self._reads) if self._reads else None
+      values = (read(self._session, self._reads)
+                if self._reads is not None else None)
+      if values is not None:
+        values = sync_protocol.split_watch(values, len(self._hosts))
       if values and not self._ps_silent():
         self._judge(judge, values, seen - lost - set(down), lost, owed, hung)
       if owed and self._give_back_token(values, stalled):

@@ -1,0 +1,86 @@
+"""The RPCs a training step makes to each task, counted on the wire.
+
+A real cluster of the trainer's processes, every task reached by the
+others through a counting proxy (tools/rpc_count.py), which reads each
+call's method off its HTTP/2 headers and its step and tensor off
+TensorFlow's protobufs. Each kind of step must make exactly the calls
+docs/performance.md's table lists: a change that adds an RPC to a step
+fails here, naming it.
+"""
+
+import rpc_count
+from helpers import FAST
+
+# {(the task that answers, method, tensor name and its way): calls a step}.
+RUN = {('ps0', 'RunGraph', ''): 1, ('ps0', 'CleanupGraph', ''): 1}
+
+
+def pulls(worker, *names):
+  """RecvTensor calls worker makes to ps 0, one for each name."""
+  return {('ps0', 'RecvTensor', '%s ps0>%s' % (n, worker)): 1 for n in names}
+
+
+def pushes(worker, *names):
+  """RecvTensor calls ps 0 makes to worker (what the worker sends it)."""
+  return {(worker, 'RecvTensor', '%s %s>ps0' % (n, worker)): 1
+          for n in names}
+
+
+def counted_run(procs, tiny_data, tmp_path, *, workers, more=()):
+  """Runs 1 ps + workers to step 20 behind counting proxies; returns
+  rpc_count.table's (calls by kind of step, steps by kind)."""
+  proxies, hosts = rpc_count.proxied_cluster(workers=workers, ps=1)
+  try:
+    for name, cluster_flags in hosts.items():
+      job, index = ('ps', 0) if name == 'ps0' else ('worker', int(name[6:]))
+      procs.trainer(name, '--job_name=' + job, '--task_index=%d' % index,
+                    '--data_dir=' + tiny_data,
+                    '--train_dir=' + str(tmp_path / 'train'),
+                    '--max_steps=20', *cluster_flags, *FAST, *more)
+    assert procs.wait_all(timeout=300) == {name: 0 for name in hosts}
+    return rpc_count.table(rpc_count.steps(proxies))
+  finally:
+    for proxy in proxies:
+      proxy.close()
+
+
+def test_a_synchronous_step_makes_five_rpcs_to_ps0(procs, tiny_data,
+                                                   tmp_path):
+  """1 ps + 2 synchronous workers. Worker 1's step: RunGraph and its
+  CleanupGraph, the weights and the step's end (token, global step, aside
+  flag) pulled, one push (gradients and local step) that ps 0 fetches: 5.
+  The chief's also pulls the global step its hooks read at the step's
+  start: 6. Each update of the chief's sync thread runs on ps 0 alone: 2.
+  Before the cut: 10, 12 and 4."""
+  calls, seen = counted_run(procs, tiny_data, tmp_path, workers=2)
+  assert calls['step of worker1'] == {
+      **RUN, **pulls('worker1', 'packed', 'step_end'),
+      **pushes('worker1', 'packed')}
+  assert calls['step of worker0'] == {
+      **RUN, **pulls('worker0', 'packed', 'step_end', 'global_step_read'),
+      **pushes('worker0', 'packed')}
+  assert calls['update'] == RUN
+  # Every update and each worker's steps were seen (the chief's sync
+  # thread may start the first update before its loop's first step).
+  assert seen['update'] >= 19
+  assert seen['step of worker0'] >= 10 and seen['step of worker1'] >= 10
+
+
+def test_an_asynchronous_step_makes_five_rpcs_to_ps0(procs, tiny_data,
+                                                     tmp_path):
+  """1 ps + 2 asynchronous workers. Worker 1's step: RunGraph and its
+  CleanupGraph, the weights and the global step after the step pulled, one
+  push (gradients and the BatchNorm statistics, which every asynchronous
+  worker updates): 5; the chief's also pulls its hooks' global step: 6.
+  Before the cut: 9 and 10 (the learning rate's round trip, the
+  statistics apart, StopAtStepHook's read)."""
+  calls, seen = counted_run(procs, tiny_data, tmp_path, workers=2,
+                            more=['--nosync_replicas'])
+  assert calls['async step of worker1'] == {
+      **RUN, **pulls('worker1', 'packed', 'Read/ReadVariableOp'),
+      **pushes('worker1', 'packed')}
+  assert calls['async step of worker0'] == {
+      **RUN, **pulls('worker0', 'packed', 'Read/ReadVariableOp',
+                     'global_step_read'),
+      **pushes('worker0', 'packed')}
+  assert seen['async step of worker0'] + seen['async step of worker1'] >= 20
