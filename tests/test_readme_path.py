@@ -158,7 +158,8 @@ def serving(home, command, port):
                                 timeout=60) as page:
       assert page.status == 200
     proc.send_signal(signal.SIGINT)
-    code = proc.wait(timeout=60)
+    code = proc.wait(timeout=300)  # A bound against a hang (CI beside the
+    # suite's other half once took more than 60 s).
   finally:
     if proc.poll() is None:
       proc.kill()
