@@ -28,7 +28,7 @@ def pushes(worker, *names):
 
 def counted_run(procs, tiny_data, tmp_path, *, workers, more=()):
   """Runs 1 ps + workers to step 20 behind counting proxies; returns
-  rpc_count.table's (calls by kind of step, steps by kind)."""
+  rpc_count.table's {kind of step: [(its calls, steps that made them)]}."""
   proxies, hosts = rpc_count.proxied_cluster(workers=workers, ps=1)
   try:
     for name, cluster_flags in hosts.items():
@@ -38,49 +38,71 @@ def counted_run(procs, tiny_data, tmp_path, *, workers, more=()):
                     '--train_dir=' + str(tmp_path / 'train'),
                     '--max_steps=20', *cluster_flags, *FAST, *more)
     assert procs.wait_all(timeout=300) == {name: 0 for name in hosts}
+    assert [p.errors for p in proxies] == [0] * len(proxies)
     return rpc_count.table(rpc_count.steps(proxies))
   finally:
     for proxy in proxies:
       proxy.close()
 
 
-def test_a_synchronous_step_makes_five_rpcs_to_ps0(procs, tiny_data,
-                                                   tmp_path):
+def steps_of(found, prefix):
+  """{worker: [(calls, steps)]} of the kinds prefix + ' of workerN' found:
+  which worker makes how many steps is a race; each that stepped must make
+  exactly its calls."""
+  return {kind.rsplit(' ', 1)[1]: variants for kind, variants in found.items()
+          if kind.startswith(prefix + ' of ')}
+
+
+def assert_steps(stepped, expected):
+  """Each worker that stepped made expected[worker] in every step; but the
+  chief's steps that write the summaries (the first, then every
+  --save_summaries_steps), which pull the learning rate for its scalar."""
+  assert stepped and set(stepped) <= set(expected)
+  summary = pulls('worker0', 'ExponentialDecay')
+  for worker, variants in stepped.items():
+    allowed = [expected[worker]] + (
+        [{**expected[worker], **summary}] if worker == 'worker0' else [])
+    assert [calls for calls, _ in variants
+            if calls not in allowed] == [], worker
+    assert variants[0][0] == expected[worker], worker  # The most common.
+
+
+def test_a_synchronous_step_makes_five_rpcs_to_ps0_the_chiefs_six(
+    procs, tiny_data, tmp_path):
   """1 ps + 2 synchronous workers. Worker 1's step: RunGraph and its
   CleanupGraph, the weights and the step's end (token, global step, aside
   flag) pulled, one push (gradients and local step) that ps 0 fetches: 5.
   The chief's also pulls the global step its hooks read at the step's
   start: 6. Each update of the chief's sync thread runs on ps 0 alone: 2.
-  Before the cut: 10, 12 and 4."""
-  calls, seen = counted_run(procs, tiny_data, tmp_path, workers=2)
-  assert calls['step of worker1'] == {
-      **RUN, **pulls('worker1', 'packed', 'step_end'),
-      **pushes('worker1', 'packed')}
-  assert calls['step of worker0'] == {
-      **RUN, **pulls('worker0', 'packed', 'step_end', 'global_step_read'),
-      **pushes('worker0', 'packed')}
-  assert calls['update'] == RUN
-  # Every update and each worker's steps were seen (the chief's sync
-  # thread may start the first update before its loop's first step).
-  assert seen['update'] >= 19
-  assert seen['step of worker0'] >= 10 and seen['step of worker1'] >= 10
+  Every step of each kind made exactly these. Before the cut: 10, 12, 4."""
+  found = counted_run(procs, tiny_data, tmp_path, workers=2)
+  expected = {
+      'worker1': {**RUN, **pulls('worker1', 'packed', 'step_end'),
+                  **pushes('worker1', 'packed')},
+      'worker0': {**RUN, **pulls('worker0', 'packed', 'step_end',
+                                 'global_step_read'),
+                  **pushes('worker0', 'packed')}}
+  assert_steps(steps_of(found, 'step'), expected)
+  assert [calls for calls, _ in found['update']] == [RUN]
+  # The 20 updates to step 20, and the one the sync thread starts as the
+  # run ends (cancelled, or run with the last gradients).
+  assert 20 <= sum(n for _, n in found['update']) <= 21
 
 
-def test_an_asynchronous_step_makes_five_rpcs_to_ps0(procs, tiny_data,
-                                                     tmp_path):
+def test_an_asynchronous_step_makes_five_rpcs_to_ps0_the_chiefs_six(
+    procs, tiny_data, tmp_path):
   """1 ps + 2 asynchronous workers. Worker 1's step: RunGraph and its
   CleanupGraph, the weights and the global step after the step pulled, one
   push (gradients and the BatchNorm statistics, which every asynchronous
   worker updates): 5; the chief's also pulls its hooks' global step: 6.
   Before the cut: 9 and 10 (the learning rate's round trip, the
   statistics apart, StopAtStepHook's read)."""
-  calls, seen = counted_run(procs, tiny_data, tmp_path, workers=2,
-                            more=['--nosync_replicas'])
-  assert calls['async step of worker1'] == {
-      **RUN, **pulls('worker1', 'packed', 'Read/ReadVariableOp'),
-      **pushes('worker1', 'packed')}
-  assert calls['async step of worker0'] == {
-      **RUN, **pulls('worker0', 'packed', 'Read/ReadVariableOp',
-                     'global_step_read'),
-      **pushes('worker0', 'packed')}
-  assert seen['async step of worker0'] + seen['async step of worker1'] >= 20
+  found = counted_run(procs, tiny_data, tmp_path, workers=2,
+                      more=['--nosync_replicas'])
+  expected = {
+      'worker1': {**RUN, **pulls('worker1', 'packed', 'Read/ReadVariableOp'),
+                  **pushes('worker1', 'packed')},
+      'worker0': {**RUN, **pulls('worker0', 'packed', 'Read/ReadVariableOp',
+                                 'global_step_read'),
+                  **pushes('worker0', 'packed')}}
+  assert_steps(steps_of(found, 'async step'), expected)

@@ -134,7 +134,7 @@ def test_with_two_ps_each_gets_its_own_packs():
       ('worker0', 'ps1'): [PUSHED]}
 
 
-def test_an_asynchronous_worker_sends_the_rate_it_trained_at():
+def test_an_asynchronous_step_computes_the_rate_beside_the_global_step():
   """Asynchronous, 2 ps: no token or local step; each worker updates the
   statistics itself (in its push). The learning rate is computed on ps 0,
   beside the global step, and sent to ps 1 (not read to the worker and

@@ -134,6 +134,7 @@ class CountingProxy:
     self._graph_def = graph_pb2.GraphDef
     self.name, self._target = name, ('127.0.0.1', target_port)
     self.calls, self.graphs = [], {}  # graphs: {session/handle: op:names}.
+    self.errors = 0  # Frames it could not read (it forwards them all).
     self._registering = {}  # {stream: the op:names of its graph}.
     self._lock = threading.Lock()
     self._listener = socket.socket()
@@ -166,22 +167,12 @@ class CountingProxy:
         data = source.recv(1 << 16)
         if not data:
           break
-        for kind, flags, stream, payload in frames.feed(data):
-          if from_client and kind in (HEADERS, CONTINUATION):
-            blocks[stream] = (blocks.get(stream, b'') +
-                              _unpad(flags, payload, kind))
-            if flags & END_HEADERS:
-              headers = dict(decoder.decode(blocks.pop(stream)))
-              path = headers.get(':path', '')
-              if path.startswith(SERVICE):
-                methods[stream] = path[len(SERVICE):]
-          elif kind == DATA and stream in methods:
-            bodies[stream] = bodies.get(stream, b'') + _unpad(flags, payload,
-                                                              kind)
-            if flags & END_STREAM or not from_client:
-              self._body(methods, stream, bodies, from_client)
-          if from_client and kind == HEADERS and flags & END_STREAM:
-            self._record(methods.get(stream))  # A request with no body.
+        try:
+          self._parse(frames, data, from_client, methods, decoder, blocks,
+                      bodies)
+        except Exception:  # pylint: disable=broad-except
+          with self._lock:  # Counted (a test wants none), never fatal.
+            self.errors += 1
         dest.sendall(data)
     except OSError:
       pass
@@ -192,9 +183,31 @@ class CountingProxy:
         except OSError:
           pass
 
+  def _parse(self, frames, data, from_client, methods, decoder, blocks,
+             bodies):
+    """Records the calls whose frames data completes. Of the answers, only
+    RegisterGraph's bodies are kept (the graph handle); the others (the
+    tensors) are skipped."""
+    for kind, flags, stream, payload in frames.feed(data):
+      if from_client and kind in (HEADERS, CONTINUATION):
+        blocks[stream] = (blocks.get(stream, b'') +
+                          _unpad(flags, payload, kind))
+        if flags & END_HEADERS:
+          path = dict(decoder.decode(blocks.pop(stream))).get(':path', '')
+          if path.startswith(SERVICE):
+            methods[stream] = path[len(SERVICE):]
+      elif kind == DATA and stream in methods and (
+          from_client or methods[stream] == 'RegisterGraph'):
+        bodies.setdefault(stream, []).append(_unpad(flags, payload, kind))
+        if flags & END_STREAM or not from_client:
+          self._body(methods, stream, bodies, from_client)
+      if from_client and kind == HEADERS and flags & END_STREAM:
+        self._record(methods.get(stream))  # A request with no body.
+
   def _body(self, methods, stream, bodies, from_client):
-    body = bodies[stream]
+    body = b''.join(bodies[stream])
     if len(body) < 5 or len(body) < 5 + struct.unpack('>I', body[1:5])[0]:
+      bodies[stream] = [body]
       return  # Not whole yet.
     del bodies[stream]
     method, message = methods[stream], _fields(_message(body))
@@ -252,7 +265,8 @@ def steps(proxies):
   graphs = {}
   for proxy in proxies:
     seen, registered = proxy.seen()
-    graphs.update(registered)
+    # A handle is its task's (each numbers its own): keyed by the task too.
+    graphs.update({(proxy.name, k): v for k, v in registered.items()})
     for call in seen:
       if call.step_id:
         calls[call.step_id].append((proxy.name, call.method, call.what))
@@ -261,7 +275,7 @@ def steps(proxies):
     ops = set()
     for where, method, what in step_calls:
       if where == 'ps0' and method == 'RunGraph':
-        ops |= {o.split(':')[0] for o in graphs.get(what, ())}
+        ops |= {o.split(':')[0] for o in graphs.get(('ps0', what), ())}
     if ops & {'AccumulatorApplyGradient', 'ResourceAccumulatorApplyGradient'}:
       kind = 'step'
     elif ops & {'AccumulatorTakeGradient', 'ResourceAccumulatorTakeGradient'}:
@@ -280,17 +294,14 @@ def steps(proxies):
 
 
 def table(found):
-  """{kind: {(where, method, what): calls a step}} for the kinds whose
-  steps all made the same calls, and {kind: number of steps}."""
-  by_kind = collections.defaultdict(list)
+  """{kind: [(a Counter of (where, method, what): calls a step, the steps
+  that made just those)]}, the most common first."""
+  by_kind = collections.defaultdict(collections.Counter)
   for kind, step_calls in found:
-    by_kind[kind].append(tuple(step_calls))
-  same, counts = {}, {}
-  for kind, runs in by_kind.items():
-    counts[kind] = len(runs)
-    common = collections.Counter(runs).most_common(1)[0][0]
-    same[kind] = collections.Counter(common)
-  return same, counts
+    by_kind[kind][frozenset(collections.Counter(step_calls).items())] += 1
+  return {kind: [(collections.Counter(dict(calls)), n)
+                 for calls, n in sets.most_common()]
+          for kind, sets in by_kind.items()}
 
 
 def proxied_cluster(*, workers, ps):
@@ -343,13 +354,15 @@ def main(argv=None):
         p.kill()
   if any(codes):
     sys.exit('a task failed (exit codes %s): logs in %s' % (codes, work))
-  same, counts = table(steps(proxies))
-  for kind in sorted(same):
-    total = sum(same[kind].values())
-    print('%s (%d seen): %d RPCs' % (kind, counts[kind], total))
-    for (where, method, what), n in sorted(same[kind].items()):
-      print('  at %-8s %-12s %s%s' % (where, method, what,
-                                     ' x%d' % n if n > 1 else ''))
+  for kind, variants in sorted(table(steps(proxies)).items()):
+    for calls, n in variants:
+      print('%s (%d of them): %d RPCs' % (kind, n, sum(calls.values())))
+      for (where, method, what), count in sorted(calls.items()):
+        print('  at %-8s %-12s %s%s' % (where, method, what,
+                                       ' x%d' % count if count > 1 else ''))
+  errors = sum(p.errors for p in proxies)
+  if errors:
+    print('%d frames could not be read: the counts may miss calls' % errors)
 
 
 if __name__ == '__main__':
