@@ -9,7 +9,8 @@ gradients of each ps's variables into one flat tensor, which
 SyncReplicasOptimizer takes as the gradient of one stand-in variable
 (PsVariables) into one accumulator; the chief's update splits the average
 back on that ps (SplitOptimizer) and applies it as before. The update is
-the same arithmetic on the same values (tests/test_transfers.py).
+the same arithmetic on the same values (tests/test_optimizer.py: a packed
+cluster updates as one process).
 """
 
 import collections
