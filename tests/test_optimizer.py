@@ -21,6 +21,7 @@ from helpers import single_process_flags, start_cluster
 import cifar10_model
 import train_graph
 from training import learning_rate
+from training import ps_gradients
 
 tf1 = tf.compat.v1
 
@@ -88,12 +89,14 @@ def train(out, rule, initial=None, spec=None, packed=True):
     opt = built.sync_opt
     if opt:  # The chief's SyncReplicasHook, without the first tokens: the
       # workers' steps take theirs from the update of their gradients.
-      sess.run(opt.chief_init_op)
+      sess.run([opt.chief_init_op,
+                ps_gradients.fill_joined_weights(chief=True)])
       sync_op = opt.get_chief_queue_runner().enqueue_ops[0]
       other, other_built = worker_graph(rule=rule, cluster=cluster, worker=1,
                                         packed=packed)
       with other.as_default():
-        local_init = tf1.local_variables_initializer()
+        local_init = [tf1.local_variables_initializer(),  # And the hook's:
+                      ps_gradients.fill_joined_weights(chief=False)]
       worker1 = stack.enter_context(tf1.Session(
           'grpc://' + spec['worker'][1], graph=other, config=config))
       worker1.run(local_init)
@@ -193,6 +196,49 @@ def test_momentum_in_a_sync_cluster_updates_as_one_process(
     assert ran_on[op.name] == ran_on[weight] == ran_on[accumulator], op.name
   assert {ran_on[op.name] for op in updates} == {
       ('ps', i) for i in range(num_ps)}
+
+
+def test_each_session_start_fills_the_joined_weights(procs):
+  """A synchronous step pulls each ps's weights from the variable the
+  chief's update joins them into (training/ps_gradients.py; that each
+  update refreshes it, the test above: its updates through the cluster
+  match one process only if each did). A session's start fills it: another
+  worker's only where a new ps has none (one joining mid-run leaves an
+  update's refresh alone), the chief's always (it may have just restored
+  other weights). 1 ps + 2 workers' gRPC servers; the weights joined here
+  by numpy."""
+  hosts = ['localhost:%d' % p for p in free_ports(1 + WORKERS)]
+  spec = {'ps': hosts[:1], 'worker': hosts[1:]}
+  procs.start('servers', ['-c', SERVERS, json.dumps(spec)],
+              env={'TF_CPP_MIN_LOG_LEVEL': '2'})
+  procs.wait_for_line('servers', 'serving', 60)
+  graph, _ = worker_graph(rule=train_graph.SGD,
+                          cluster=tf.train.ClusterSpec(spec), worker=1)
+  with graph.as_default():
+    [(joined, weights)] = tf1.get_collection(ps_gradients.JOINED_WEIGHTS)
+    assert {w.ref() for w in weights} == {
+        v.ref() for v in tf1.trainable_variables()}  # Every weight, 1 ps.
+    other, chief = (ps_gradients.fill_joined_weights(chief=c)
+                    for c in (False, True))
+    # Stands for the chief's restore of other weights.
+    restore = tf.group(*[w.assign_add(tf.ones_like(w)) for w in weights])
+    config = tf1.ConfigProto(operation_timeout_in_ms=120000)  # No hang.
+    with tf1.Session('grpc://' + spec['worker'][1], config=config) as sess:
+      sess.run(tf1.global_variables_initializer())
+
+      def by_numpy():
+        return np.concatenate([v.ravel() for v in sess.run(weights)])
+
+      first = by_numpy()
+      assert not sess.run(tf1.is_variable_initialized(joined))
+      sess.run(other)  # A new ps: filled.
+      np.testing.assert_array_equal(sess.run(joined), first)
+      sess.run(restore)
+      sess.run(other)  # Filled already: left as it was.
+      np.testing.assert_array_equal(sess.run(joined), first)
+      sess.run(chief)
+      np.testing.assert_array_equal(sess.run(joined), by_numpy())
+      np.testing.assert_array_equal(by_numpy(), first + 1)
 
 
 def checkpoint(train_dir, step):

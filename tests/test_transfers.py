@@ -97,6 +97,10 @@ STEP_END = 'step_end'
 # The gradients, the local step (for the accumulators' staleness check) and
 # the chief's 10 BatchNorm statistics, as one tensor.
 PUSHED = 'packed'
+# A synchronous step's weights: joined on their ps once an update, by the
+# chief's update, and read whole by every step (training/ps_gradients.py).
+JOINED = 'joined_weights'
+# An asynchronous step's: joined on the ps by each step (each step updates).
 WEIGHTS = 'packed'
 
 
@@ -108,7 +112,7 @@ def test_a_synchronous_chief_sends_each_kind_once():
   local steps, 20 for the statistics, 6 for the hooks' read of the global
   step...), then 9."""
   assert crossing(1, True, 0) == {
-      ('ps0', 'worker0'): sorted([WEIGHTS, STEP_END]),
+      ('ps0', 'worker0'): sorted([JOINED, STEP_END]),
       ('worker0', 'ps0'): [PUSHED]}
 
 
@@ -116,7 +120,7 @@ def test_a_synchronous_worker_sends_no_statistics():
   """Not the chief: the same two tensors each way (its pack holds no
   statistics); the progress mark waits on the ps, not on the worker."""
   assert crossing(1, True, 1) == {
-      ('ps0', 'worker1'): sorted([WEIGHTS, STEP_END]),
+      ('ps0', 'worker1'): sorted([JOINED, STEP_END]),
       ('worker1', 'ps0'): [PUSHED]}
 
 
@@ -127,8 +131,8 @@ def test_with_two_ps_each_gets_its_own_packs():
   ps 1's accumulators and statistics once (was 9 control edges: one from
   each of its accumulators)."""
   assert crossing(2, True, 0) == {
-      ('ps0', 'worker0'): sorted([WEIGHTS, STEP_END]),
-      ('ps1', 'worker0'): [WEIGHTS],
+      ('ps0', 'worker0'): sorted([JOINED, STEP_END]),
+      ('ps1', 'worker0'): [JOINED],
       ('ps1', 'ps0'): ['^gradients_taken'],
       ('worker0', 'ps0'): [PUSHED],
       ('worker0', 'ps1'): [PUSHED]}

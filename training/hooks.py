@@ -21,6 +21,7 @@ from training import chief_start
 from training import learning_rate
 from training import liveness
 from training import process
+from training import ps_gradients
 from training import sync_protocol
 from training import tf_compat
 
@@ -46,8 +47,9 @@ def events_writer(train_dir):
 class SyncReplicasHook(tf1.train.SessionRunHook):
   """SyncReplicasOptimizer.make_session_run_hook(), with a clean end.
 
-  Runs the local init op and, on the chief, fills the token queue and runs
-  the sync op in a thread. The stock hook has the coordinator join that
+  Runs the local init op, fills each ps's joined weights (ps_gradients)
+  and, on the chief, fills the token queue and runs the sync op in a
+  thread. The stock hook has the coordinator join that
   thread, which at the end blocks in take_grad for gradients no worker
   sends: close() waits its grace period, then the thread raises. Here the
   thread ends with the session, and counts that and a lost ps (the training
@@ -57,6 +59,7 @@ class SyncReplicasHook(tf1.train.SessionRunHook):
 
   def __init__(self, opt, is_chief, global_step):
     self._is_chief = is_chief
+    self._fill = ps_gradients.fill_joined_weights(chief=is_chief)
     if is_chief:
       self._local_init_op = opt.chief_init_op
       self._init_tokens_op = opt.get_init_tokens_op()
@@ -66,7 +69,7 @@ class SyncReplicasHook(tf1.train.SessionRunHook):
       self._local_init_op = opt.local_step_init_op
 
   def after_create_session(self, session, coord):
-    session.run(self._local_init_op)
+    session.run([self._local_init_op, self._fill])
     if self._is_chief:
       session.run(self._init_tokens_op)
       threading.Thread(target=self._run_sync_op, args=(session, coord),

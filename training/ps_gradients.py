@@ -11,6 +11,13 @@ SyncReplicasOptimizer takes as the gradient of one stand-in variable
 back on that ps (SplitOptimizer) and applies it as before. The update is
 the same arithmetic on the same values (tests/test_optimizer.py: a packed
 cluster updates as one process).
+
+The weights go out the same way: every worker's step pulls all the weights
+of a ps as one tensor, the same one until the next update. The update joins
+them once, into a variable on that ps (joined_weights), which each step
+reads whole: the ps no longer reads and joins every weight for every
+worker's step. That variable is not saved: each session's start fills it
+(fill_joined_weights), the chief's always, after it restored the weights.
 """
 
 import collections
@@ -21,6 +28,9 @@ tf1 = tf.compat.v1
 
 
 ALIGN = 16  # float32s in 64 bytes, TensorFlow's (Eigen's) alignment.
+# A graph collection of (a ps's joined_weights variable, its weights in
+# their order there).
+JOINED_WEIGHTS = 'joined_weights'
 
 
 class PsVariables:
@@ -80,6 +90,7 @@ class SplitOptimizer:
     return self._opt.compute_gradients(*args, **kwargs)
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    grads_and_vars = list(grads_and_vars)  # SyncReplicasOptimizer's: a zip.
     split = []
     for joined, ps in grads_and_vars:
       with tf1.device(ps.device):
@@ -87,8 +98,13 @@ class SplitOptimizer:
                                    for v in ps.variables] + [ps.padding])
         split += [(tf.reshape(p, v.shape), v)
                   for p, v in zip(pieces, ps.variables)]
-    return self._opt.apply_gradients(split, global_step=global_step,
-                                     name=name)
+    update = self._opt.apply_gradients(split, global_step=global_step,
+                                       name=name)
+    # The weights' next pull, joined once (SyncReplicasOptimizer puts the
+    # workers' tokens after this op: no step reads them before).
+    with tf.control_dependencies([update]):
+      refreshed = [_refresh(_joined_weights(ps)) for _, ps in grads_and_vars]
+    return tf.group(update, *refreshed)
 
   def get_slot(self, *args, **kwargs):
     return self._opt.get_slot(*args, **kwargs)
@@ -98,3 +114,62 @@ class SplitOptimizer:
 
   def variables(self):
     return self._opt.variables()
+
+
+def largest_first(items, size):
+  """items, the largest (by size(item)) first, ties in their order: the
+  order a pack joins its pieces in (transfers.send_packed)."""
+  return sorted(items, key=lambda item: -size(item))
+
+
+def _joined_weights(ps):
+  """A variable on ps's device for its weights joined, largest first."""
+  weights = largest_first(ps.variables, lambda v: v.shape.num_elements())
+  task = tf.DeviceSpec.from_string(ps.device).task or 0
+  with tf1.device(ps.device):
+    # Not in a collection the Saver or the init ops take: filled by
+    # fill_joined_weights, refreshed by each update.
+    joined = tf1.Variable(
+        tf.zeros([sum(v.shape.num_elements() for v in weights)]),
+        trainable=False, collections=[], use_resource=True,
+        name='joined_weights_%d' % task)
+  tf1.add_to_collection(JOINED_WEIGHTS, (joined, weights))
+  return joined
+
+
+def _refresh(joined):
+  """An op that joins the weights of joined (a JOINED_WEIGHTS variable)
+  into it, on its ps."""
+  weights = next(w for v, w in tf1.get_collection(JOINED_WEIGHTS)
+                 if v is joined)
+  with tf1.device(joined.device):
+    return joined.assign(tf.concat([tf.reshape(v.value(), [-1])
+                                    for v in weights], 0), read_value=False)
+
+
+def joined_weights(weights, device):
+  """The read of the joined_weights variable on device that holds exactly
+  weights (variable refs, in the pack's order), or None: the tensor a
+  worker's step pulls from that ps instead of joining them there."""
+  for joined, held in tf1.get_collection(JOINED_WEIGHTS):
+    if (tf.DeviceSpec.from_string(joined.device) ==
+        tf.DeviceSpec.from_string(device) and
+        [v.ref() for v in held] == list(weights)):
+      with tf1.device(joined.device):  # One op a step: a read, named.
+        return tf.raw_ops.ReadVariableOp(resource=joined.handle,
+                                         dtype=joined.dtype,
+                                         name='joined_weights')
+  return None
+
+
+def fill_joined_weights(*, chief):
+  """An op for a worker's session start: fills each ps's joined weights.
+  The chief's always (it may have just restored the weights); another
+  worker's only where they are not filled yet (a new ps), so that a worker
+  that joins while the chief's update runs leaves its refresh alone."""
+  fills = []
+  for joined, _ in tf1.get_collection(JOINED_WEIGHTS):
+    fill = lambda joined=joined: _refresh(joined)
+    fills.append(fill() if chief else tf1.cond(
+        tf1.is_variable_initialized(joined), tf.no_op, fill))
+  return tf.group(*fills)

@@ -19,6 +19,7 @@ import collections
 
 import tensorflow as tf
 
+from training import ps_gradients
 from training import sync_protocol
 from training import tf_compat
 
@@ -60,10 +61,11 @@ def pack(*, fetches, gradients, statistics, transfer_dtype, sync):
     # before them). Pulls keep a tensor a kind: the weights come first.
     push = _task(source)[0] == 'worker' and _task(dest)[0] == 'ps'
     links.setdefault((source, dest) if push else (source, dest, dtype, cast),
-                     []).extend((t, edges, cast) for t, edges in
-                                by_key.values())
+                     []).extend((t, edges, cast, key) for key, (t, edges) in
+                                by_key.items())
   for link, pieces in links.items():
-    send_packed(pieces, source=link[0], dest=link[1])
+    send_packed([p[:3] for p in pieces], source=link[0], dest=link[1],
+                joined=_joined_weights(pieces, link[0]) if sync else None)
   if sync:
     _group_token_waits(tf1.get_default_graph())
 
@@ -113,6 +115,14 @@ def read_back_once(*, global_step, worker, update, statistics, mark):
   # says (the global step's ps), not beside the local step it assigns.
   with tf1.device(_device(update)), tf.control_dependencies([update]):
     return tf.no_op(name='train_op'), tf.identity(step, name='step_after')
+
+
+def _joined_weights(pieces, source):
+  """A synchronous pull of a ps's weights, all of them: the variable the
+  chief's update joins them into (ps_gradients), or None."""
+  ordered = ps_gradients.largest_first(
+      pieces, lambda p: p[0].shape.num_elements())
+  return ps_gradients.joined_weights([p[3] for p in ordered], source)
 
 
 def _ops_run_by(fetches):
@@ -183,7 +193,7 @@ def _add_crossings(groups, tensors, key, cast, consumers):
       group.setdefault(key, (tensor, []))[1].append((op, index))
 
 
-def send_packed(pieces, *, source, dest, cast=None):
+def send_packed(pieces, *, source, dest, cast=None, joined=None):
   """Sends tensors from one device to another as one tensor: flattened and
   joined on source, split and reshaped on dest, where each consumer's input
   is rewired to its piece.
@@ -196,10 +206,13 @@ def send_packed(pieces, *, source, dest, cast=None):
       one of fewer bytes an element than the pack's in a pack of its own.
     source, dest: The two devices.
     cast: A dtype to cross as (cast back after the split), or None.
+    joined: The pieces already joined on source, in the pack's order (a
+      tensor), or None.
   """
   pieces = [tuple(p) if len(p) == 3 else (p[0], p[1], cast) for p in pieces]
   # The largest first: it starts the pack on 64 bytes (see the split).
-  pieces.sort(key=lambda p: -p[0].shape.num_elements())
+  pieces = ps_gradients.largest_first(pieces,
+                                      lambda p: p[0].shape.num_elements())
   crossing = [c or t.dtype for t, _, c in pieces]
   elements = collections.Counter()
   for (tensor, _, _), dtype in zip(pieces, crossing):
@@ -210,11 +223,7 @@ def send_packed(pieces, *, source, dest, cast=None):
     send_packed(apart, source=source, dest=dest)
     pieces = [p for p, d in zip(pieces, crossing) if d.size >= wire.size]
   with tf1.device(source):
-    sent = [tf.cast(t, c) if c and c != t.dtype else t for t, _, c in pieces]
-    sent = [tf.bitcast(t, wire) if t.dtype != wire else t for t in sent]
-    if len(pieces) > 1:
-      sent = [tf.concat([tf.reshape(t, [-1]) for t in sent], 0,
-                        name='packed')]
+    sent = _joined_on_source(pieces, wire, joined)
   with tf1.device(dest):
     sizes = [(c or t.dtype).size // wire.size * t.shape.num_elements()
              for t, _, c in pieces]
@@ -241,6 +250,18 @@ def send_packed(pieces, *, source, dest, cast=None):
         # Private: Operation._update_input. If it goes, nothing is packed
         # and this raises AttributeError; --nopack_transfers runs without.
         op._update_input(index, piece)  # pylint: disable=protected-access
+
+
+def _joined_on_source(pieces, wire, joined):
+  """[what send_packed sends]: the pieces cast, as the wire's bits, joined
+  (or joined, where given, as the wire's dtype)."""
+  if joined is not None and len(pieces) > 1:  # One dtype and cast: pulls.
+    return [tf.cast(joined, wire) if joined.dtype != wire else joined]
+  sent = [tf.cast(t, c) if c and c != t.dtype else t for t, _, c in pieces]
+  sent = [tf.bitcast(t, wire) if t.dtype != wire else t for t in sent]
+  if len(pieces) > 1:
+    sent = [tf.concat([tf.reshape(t, [-1]) for t in sent], 0, name='packed')]
+  return sent
 
 
 def _group_token_waits(graph):
