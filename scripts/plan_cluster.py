@@ -11,10 +11,8 @@ names the fewest ps tasks within 5% of the best:
 
 With --slots=R instead of --num_workers (R worker slots listed, each
 update a gradient per slot, as in deploy/k8s.yaml), it plans for all R
-running, then gives the images/s of 1..R of them running.
-
-The model (training/throughput.py) is the one the benchmark and the
-scaling run validate beside each measurement (docs/performance.md).
+running, then gives the images/s of 1..R of them running. The model:
+training/throughput.py (its CPU constants: scripts/calibrate_planner.py).
 """
 
 import argparse
@@ -97,7 +95,8 @@ def fewest_within(rows, within=WITHIN):
 # The README's "How many ps tasks?" table (--typical): a CPU-class worker
 # computes a step of batch 128 in 45 ms (one process on the 2-core machine
 # of docs/performance.md: 44-48 ms in its runs); a GPU-class one in 5 ms,
-# an assumed figure (no GPU has been measured here).
+# an assumed figure (no GPU has been measured here); every machine of
+# AT_SCALE_CORES cores, the RPCs' CPU counted.
 TYPICAL_WORKERS = (8, 32, 128)
 TYPICAL_GBIT = (1, 10, 25)
 TYPICAL_STEP_MS = (('CPU-class worker, 45 ms a step', 45.0),
@@ -114,29 +113,27 @@ def add_cluster_args(parser):
                       help="each worker machine's cores: counts its RPCs' CPU")
   parser.add_argument('--ps_cores', type=float,
                       help="each ps machine's cores: counts ps 0's CPU")
+  parser.add_argument('--constants', metavar='FILE.json', help="the RPCs' "
+                      'CPU measured here by scripts/calibrate_planner.py')
   parser.add_argument('--step_cv', type=float, default=0.0,
                       help="the spread of a worker's sec/batch (deviation "
                       'over mean): an update waits for the slowest worker')
-  parser.add_argument('--at_scale', action='store_true',
-                      help="docs/performance.md's table: the fewest ps, the "
-                      'efficiency and what bounds it for 8 to 128 GPU-class '
-                      'workers (takes no other flag but --max_ps)')
+  parser.add_argument('--at_scale', action='store_true', help='docs/'
+                      "performance.md's table: the fewest ps, the efficiency "
+                      'and its bound for 8 to 128 GPU-class workers')
 
 
 def parse_args(argv):
   """The command line; exits with status 2 and one line where it is wrong."""
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-  parser.add_argument('--step_ms', type=float,
-                      help="a worker's step, ms, when the network costs "
-                      'nothing: the sec/batch of a worker on a fast network '
-                      '(or of one process on a worker machine, which leaves '
-                      "out the ps tasks' own work)")
+  parser.add_argument('--step_ms', type=float, help="a worker's step, ms, "
+                      'when the network costs nothing: the sec/batch of one '
+                      'process on a worker machine, or of a worker on a fast '
+                      'network')
   parser.add_argument('--num_workers', type=int, help='synchronous workers')
-  parser.add_argument('--slots', type=int,
-                      help='instead of --num_workers: the worker slots '
-                      '--worker_hosts lists, each update taking a gradient '
-                      'per slot; also prints the images/s of 1 to SLOTS '
-                      'of them running')
+  parser.add_argument('--slots', type=int, help='instead of --num_workers: '
+                      'the slots --worker_hosts lists, a gradient a slot an '
+                      'update; also the images/s of 1 to SLOTS running')
   parser.add_argument('--link_gbit', type=float,
                       help="every task's link rate, Gbit/s (0.1: 100 Mbit/s)")
   add_cluster_args(parser)
@@ -146,22 +143,23 @@ def parse_args(argv):
                       help="the trainer's --optimizer: the ps's variables")
   parser.add_argument('--batch_size', type=int, default=128,
                       help='per worker, for images/s (default: %(default)s)')
-  parser.add_argument('--max_ps', type=int, default=16, help='the most ps '
-                      'tasks to consider (default: %(default)s)')
-  parser.add_argument('--model_bytes', type=int,
-                      help="another model's trainable float32 bytes, assumed "
-                      'spread evenly over the ps (default: this network, '
-                      'placed as the trainer places it)')
-  parser.add_argument('--plot', metavar='FILE.png',
-                      help='also draw the predicted images/s of 1 to '
-                      '--num_workers workers with 1, 2, 4, 8 and 16 ps (up to '
-                      '--max_ps) into FILE.png')
-  parser.add_argument('--typical', action='store_true',
-                      help="the README's table: the fewest ps for 8, 32 and "
-                      '128 workers on 1, 10 and 25 Gbit/s links (takes no '
-                      'other flag but --max_ps)')
+  parser.add_argument('--max_ps', type=int, default=16, help='most ps tried')
+  parser.add_argument('--model_bytes', type=int, help="another model's "
+                      'trainable float32 bytes, spread evenly over the ps '
+                      '(default: this network, placed as the trainer does)')
+  parser.add_argument('--plot', metavar='FILE.png', help='also draw the '
+                      'images/s of 1 to --num_workers workers with 1, 2, 4, 8 '
+                      'and 16 ps (up to --max_ps) into FILE.png')
+  parser.add_argument('--typical', action='store_true', help="the README's "
+                      'table: the fewest ps for 8, 32 and 128 workers on 1, '
+                      '10 and 25 Gbit/s links (no other flag but --max_ps)')
   args = parser.parse_args(argv)
   problem = usage_problem(args)
+  try:
+    args.measured_on = args.constants and not problem and (
+        throughput.load_constants(args.constants))
+  except (OSError, ValueError) as e:
+    problem = '--constants=%s: %s' % (args.constants, e)
   if problem:
     print('Error: %s' % problem, file=sys.stderr)
     sys.exit(2)
@@ -238,9 +236,10 @@ def markdown(args, rows):
   one = rows[0][3]
   cores = ''
   if args.worker_cores or args.ps_cores:
-    cores = ' Machines: %s.' % ', '.join(
-        '%s of %g cores' % (name, c) for name, c in (
-            ('workers', args.worker_cores), ('ps', args.ps_cores)) if c)
+    cores = ' Machines: %s; their RPCs\' CPU as measured on %s.' % (
+        ', '.join('%s of %g cores' % (name, c) for name, c in (
+            ('workers', args.worker_cores), ('ps', args.ps_cores)) if c),
+        args.measured_on or 'a Zen 4 (the default)')
   out = ['Predicted: %d %s at batch %d, %s links, %s '
          "transfers, a worker's step %g ms on a fast network.%s" % (
              args.num_workers, TRAINING_NAMES[args.training],
@@ -341,7 +340,8 @@ def typical_markdown(shares):
       cells = []
       for _, step_ms in TYPICAL_STEP_MS:
         rows = plan(step_ms, workers, gbit * 1000, shares, 128,
-                    network_bytes(), 4)
+                    network_bytes(), 4, worker_cores=AT_SCALE_CORES,
+                    ps_cores=AT_SCALE_CORES)
         fewest = fewest_within(rows)
         cells.append('%d ps: %.0f images/s, %.2fx 1 ps' % (
             fewest, rows[fewest - 1][3], rows[fewest - 1][3] / rows[0][3]))

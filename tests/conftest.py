@@ -35,6 +35,9 @@ def pytest_configure(config):
   config.addinivalue_line(
       'markers', 'alone: runs while no other test does (it measures CPU '
       'time); under the README\'s -n 2 the other worker waits for it')
+  config.addinivalue_line(
+      'markers', 'slow: left out of the quick tier (README: -m "not slow"); '
+      'every module keeps a quick test (test_structure.py)')
 
 
 @pytest.hookimpl(wrapper=True)

@@ -36,7 +36,7 @@ MULTIPLY_ADDS = (15 * 15 * 32 * 27 + 13 * 13 * 32 * 288 + 13 * 13 * 64 * 288 +
                  6 * 6 * 80 * 64 + 4 * 4 * 192 * 720 + 768 * 10)
 
 
-@pytest.mark.alone  # Its processes' CPU per image, in cores used.
+@pytest.mark.slow
 def test_benchmark_quick_run(tmp_path):
   out = tmp_path / 'bench.json'
   perf = cpu_profile.unavailable() is None  # As root, with perf: --perf.

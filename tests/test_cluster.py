@@ -5,6 +5,7 @@ test_shapes.py)."""
 import re
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from helpers import FAST, PROGRESS, assert_clean_logs, checkpoint_step
@@ -97,6 +98,7 @@ BAD_FLAGS = {
 }
 
 
+@pytest.mark.slow
 def test_bad_flags_give_one_line_and_exit_2(procs, tmp_path):
   # Each case is a process of its own; all start at once, since each spends
   # its few seconds importing TensorFlow before it finds its flags wrong.

@@ -75,6 +75,7 @@ WRITE_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('case', list(WRITE_CASES))
 def test_a_failed_checkpoint_write_is_one_line_and_loses_nothing(
     procs, tiny_data, small_disk, case):
@@ -139,7 +140,10 @@ def test_a_damaged_checkpoint_is_skipped_never_deleted(procs, tiny_data,
   log = procs.log('again')
   assert 'Worker 0: cannot read the checkpoint %s/model.ckpt-30 (' % (
       train_dir) in log, log
-  assert 'Worker 0: resuming from %s/model.ckpt-20\n' % train_dir in log
+  # (Or, where a task was not there yet and the chief's session was made
+  # again, as a restore once the cluster is back.)
+  assert ('Worker 0: resuming from %s/model.ckpt-20\n' % train_dir in log or
+          'restored the model at global step 20\n' in log), log
   assert checkpoint_step(train_dir) == 40
   assert os.path.getsize(data_files(train_dir, 30)[0]) == cut  # Left be.
   # The evaluator looks past damaged ones too: 40 and 30 to 20.
@@ -169,6 +173,7 @@ def test_a_damaged_checkpoint_is_skipped_never_deleted(procs, tiny_data,
   assert 'Traceback' not in procs.log('none_left')
 
 
+@pytest.mark.slow
 def test_a_damaged_shard_in_a_cluster_is_skipped(procs, tiny_data, tmp_path):
   # Two ps tasks write two shards; one of the newest is cut.
   train_dir = str(tmp_path / 'train')
@@ -185,6 +190,9 @@ def test_a_damaged_shard_in_a_cluster_is_skipped(procs, tiny_data, tmp_path):
   log = procs.log('worker0_again')
   assert 'Worker 0: cannot read the checkpoint %s/model.ckpt-30 (' % (
       train_dir) in log, log
-  assert 'Worker 0: resuming from %s/model.ckpt-20\n' % train_dir in log
+  # (Or, where a task was not there yet and the chief's session was made
+  # again, as a restore once the cluster is back.)
+  assert ('Worker 0: resuming from %s/model.ckpt-20\n' % train_dir in log or
+          'restored the model at global step 20\n' in log), log
   assert checkpoint_step(train_dir) == 40
   assert tf.train.load_variable(train_dir, 'global_step') == 40

@@ -224,10 +224,15 @@ FIGURES = [
         'README.md': [r'(\d+)% of the float32 peak'],
         ZH: [r'float32 峰值的 (\d+)%']}),
     ('the test suite', r'about (\d+) minutes', {
-        'README.md': [r'Run the tests, two at a time \(about (\d+) minutes'],
-        ZH: [r'Intel Xeon 上约 (\d+) 分钟'],
+        'README.md': [r'two at a time \(about (\d+) minutes on 2 cores'],
+        ZH: [r'全部约 (\d+) 分钟'],
         'docs/tests.md': [r'It takes about (\d+) minutes',
-                          r'About (\d+) minutes on a 2-core']}),
+                          r'About (\d+) minutes on 2 cores, two']}),
+    ('the quick tier', r'about (\d+) minutes', {
+        'README.md': [r'the quick tier about (\d+);'],
+        ZH: [r'快速层约 (\d+) 分钟'],
+        'docs/tests.md': [r'the quick tier \(`-m "not slow"`\) about (\d+)',
+                          r'About (\d+) minutes on 2 cores \(\d:\d\d two at a time']}),
     ('disk', r'CIFAR-10 (\d+) MB to download', {
         'README.md': [r'CIFAR-10 is (\d+) MB to download',
                       r'downloads it \((\d+) MB'],

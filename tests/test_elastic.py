@@ -118,6 +118,7 @@ def lose_worker_2(procs, flags, num_ps, signum=signal.SIGKILL):
               if l.startswith(line))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('num_ps, replicas, share, signum', [
     (2, 3, 'compute its share of each update of 3 gradients', signal.SIGKILL),
     (1, 2, 'make each update of 2 gradients', signal.SIGKILL),
@@ -145,6 +146,7 @@ def test_a_synchronous_worker_lost_for_good_does_not_stop_the_run(
   assert checkpoint_step(train_dir) == 60
 
 
+@pytest.mark.slow
 def test_an_asynchronous_worker_lost_for_good_lets_the_ps_exit(
     procs, tiny_data, tmp_path):
   train_dir = str(tmp_path / 'train')
@@ -163,6 +165,7 @@ def test_an_asynchronous_worker_lost_for_good_lets_the_ps_exit(
   assert checkpoint_step(train_dir) >= 100
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('sync', [True, False], ids=['sync', 'async'])
 def test_workers_join_a_running_job_in_listed_slots(procs, tiny_data,
                                                     tmp_path, sync):
@@ -210,6 +213,7 @@ def test_workers_join_a_running_job_in_listed_slots(procs, tiny_data,
   assert_clean_logs(procs)
 
 
+@pytest.mark.slow
 def test_a_lost_worker_started_again_rejoins(procs, tiny_data, tmp_path):
   """Synchronous, 1 ps: worker 2 lost for good as above, then started
   again with the same command (the ps paused until it is up, so that the

@@ -6,6 +6,8 @@ import os
 import re
 import sys
 
+import pytest
+
 import cifar10_model
 from helpers import ROOT, run_in_group, suite_env
 import elastic_run
@@ -94,6 +96,7 @@ def chief_progress(run_dir):
             for line in progress.parse(f.read())}
 
 
+@pytest.mark.slow
 def test_a_job_of_1_then_2_then_1_worker_against_one_of_2(tiny_data,
                                                            tmp_path):
   work = str(tmp_path / 'work')
@@ -152,6 +155,7 @@ def test_a_job_of_1_then_2_then_1_worker_against_one_of_2(tiny_data,
           10, cifar10_model.MODEL_BYTES, 1.0, n, 10e3), 1) for n in (1, 2)}
 
 
+@pytest.mark.slow
 def test_an_async_job_over_2_ps_of_2_then_3_then_2_workers(tiny_data,
                                                           tmp_path):
   work = str(tmp_path / 'work')

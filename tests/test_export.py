@@ -166,6 +166,7 @@ def trained(tiny_data, tmp_path_factory):
     procs.kill_all()
 
 
+@pytest.mark.slow
 def test_the_export_is_the_evaluators_model_in_plain_tensorflow(
     trained, tiny_data, tmp_path):
   assert trained['exported'] == exported_lines(
@@ -230,6 +231,7 @@ def colour(label, index):
   return (60 * label + 10 * index, 90, 200 - 40 * label)
 
 
+@pytest.mark.slow
 def test_an_export_of_your_own_images_names_their_classes(procs, tmp_path):
   # Three classes of one-colour PNG and JPEG images of 40x30, converted by
   # make_cifar_binary, trained on raw pixels (--nostandardize) with
@@ -288,6 +290,7 @@ def test_an_export_of_your_own_images_names_their_classes(procs, tmp_path):
                               for photo, p in zip(photos, answers)]
 
 
+@pytest.mark.slow
 def test_bad_inputs_are_one_line(trained, tmp_path):
   empty = str(tmp_path / 'empty')
   os.makedirs(empty)

@@ -61,6 +61,7 @@ def test_backup_worker_killed_and_restarted(procs, tiny_data, tmp_path):
   assert procs.procs['ps0'].wait(timeout=10) == -signal.SIGTERM
 
 
+@pytest.mark.slow
 def test_full_sync_waits_for_a_lost_worker_and_resumes(procs, tiny_data,
                                                        tmp_path):
   train_dir = str(tmp_path / 'train')
@@ -122,6 +123,7 @@ def kill_at_checkpoint_20(procs, tiny_data, tmp_path, victim, num_ps=1):
   return train_dir, flags, checkpoint_step(train_dir)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('num_ps, victim', [(1, 0), (2, 1)],
                          ids=['1ps_kill_ps0', '2ps_kill_ps1'])
 def test_killed_ps_is_survived_from_the_latest_checkpoint(procs, tiny_data,
@@ -166,6 +168,7 @@ def tokens_on_ps0(ps_host):
       return sess.run([step.read_value(), queue.size()])[1]
 
 
+@pytest.mark.slow
 def test_ps_lost_while_the_chief_waits_for_a_token(procs, tiny_data, tmp_path):
   """ps 1 killed while the chief's step waits on ps 0 for a token that only
   its sync thread, which ps 1's loss stops, would give: the chief still
@@ -297,6 +300,7 @@ hooks.SyncReplicasHook.after_create_session = after_create_session
 """
 
 
+@pytest.mark.slow
 def test_an_update_that_fails_with_no_task_lost_runs_again(procs, tiny_data,
                                                           tmp_path):
   """The chief's update fails once, and no step of the training loop fails

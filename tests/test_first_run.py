@@ -11,6 +11,7 @@ import shutil
 import tarfile
 import threading
 
+import pytest
 import tensorflow as tf
 
 from helpers import LOCAL_CLUSTER_SCRIPT as SCRIPT
@@ -34,6 +35,7 @@ def error_lines(log):
   return [l for l in log.splitlines() if l.startswith('Error')]
 
 
+@pytest.mark.slow
 def test_a_train_dir_resumes_only_on_its_data(procs, tiny_data, tmp_path):
   train_dir = str(tmp_path / 'train')
   other = str(tmp_path / 'other')
@@ -111,6 +113,7 @@ def run(tmp_path, *args, env=None):
                       env=dict(os.environ, **(env or {})))
 
 
+@pytest.mark.slow
 def test_the_quickstart_then_the_real_data_never_mix(tmp_path, tiny_data):
   # The quickstart, then the real-data command, as a new user runs them.
   code, out = run(tmp_path, '--synthetic', *SHORT)

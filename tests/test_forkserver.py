@@ -14,6 +14,7 @@ import helpers
 from helpers import single_process_flags
 
 
+@pytest.mark.slow
 def test_trainer_tasks_come_from_the_fork_server(procs, tiny_data, tmp_path):
   if not helpers.USE_FORKSERVER:
     pytest.skip('TESTS_FORKSERVER=0: every task starts afresh, as asked')
@@ -66,6 +67,7 @@ finally:
 """
 
 
+@pytest.mark.slow
 def test_the_callers_tensorflow_variables_reach_no_task(tmp_path):
   # Exported in the caller's shell, they would change what a task does or
   # prints (and the fork server's TensorFlow would load with them, unlike

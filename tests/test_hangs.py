@@ -11,6 +11,8 @@ never on which worker wins."""
 import re
 import signal
 
+import pytest
+
 from helpers import PACED, checkpoint_step, cluster_flags, hosts
 from helpers import paused, start_cluster
 from helpers import steps, wait_until
@@ -71,6 +73,7 @@ def reached(procs, names=('worker0', 'worker1')):
   return max(sum((steps(procs, n) for n in names), [0]))
 
 
+@pytest.mark.slow
 def test_a_hung_worker_is_named_and_trains_again_when_it_answers(
     procs, tiny_data, tmp_path):
   train_dir = str(tmp_path / 'train')
@@ -105,6 +108,7 @@ def test_a_hung_worker_is_named_and_trains_again_when_it_answers(
   assert checkpoint_step(train_dir) == 150
 
 
+@pytest.mark.slow
 def test_a_straggler_is_set_aside_and_taken_back(procs, tiny_data,
                                                  tmp_path):
   train_dir = str(tmp_path / 'train')
@@ -158,6 +162,7 @@ def test_a_straggler_is_set_aside_and_taken_back(procs, tiny_data,
   assert 'lost worker 2' not in procs.log('worker0')
 
 
+@pytest.mark.slow
 def test_a_hung_ps_is_named_by_each_worker_and_nothing_else_changes(
     procs, tiny_data, tmp_path):
   train_dir = str(tmp_path / 'train')
@@ -180,6 +185,7 @@ def test_a_hung_ps_is_named_by_each_worker_and_nothing_else_changes(
   assert checkpoint_step(train_dir) == 120
 
 
+@pytest.mark.slow
 def test_a_ps_hung_before_the_session_is_named_by_the_workers_waiting(
     procs, tiny_data, tmp_path):
   """ps 0 stopped (SIGSTOP) once it serves, before any worker starts: its
@@ -206,6 +212,7 @@ def test_a_ps_hung_before_the_session_is_named_by_the_workers_waiting(
   assert checkpoint_step(train_dir) == 20
 
 
+@pytest.mark.slow
 def test_a_hung_chief_is_named_and_the_run_ends_once_it_answers(
     procs, tiny_data, tmp_path):
   train_dir = str(tmp_path / 'train')

@@ -77,6 +77,7 @@ def wait_for(path, text, proc, timeout):
   pytest.fail('%r never appeared in %s' % (text, path))
 
 
+@pytest.mark.slow
 def test_script_runs_a_cluster_with_an_evaluator(tmp_path, tiny_data,
                                                  script_procs):
   # --train_dir and --fresh_start given to the tasks, after --, in spellings
@@ -153,6 +154,7 @@ def test_script_reads_fresh_start_as_absl_does(tmp_path, tiny_data, spelling,
     assert 'cannot create --log_dir=/proc/none' in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_failing_worker_fails_the_script_and_leaves_no_process(
     tmp_path, tiny_data, script_procs):
   # A flag only the workers check, and refuse; the ps and the evaluator
@@ -220,6 +222,7 @@ def test_a_failed_download_names_what_the_script_reads(tmp_path, content,
 
 # With TensorBoard once (it is the script's to stop too); test_tensorboard.py
 # checks what it serves.
+@pytest.mark.slow
 @pytest.mark.parametrize('sig, code, with_tensorboard', [
     (signal.SIGTERM, 143, True), (signal.SIGINT, 130, False)])
 def test_interrupting_the_script_stops_everything_it_started(
@@ -260,6 +263,7 @@ def test_interrupting_the_script_stops_everything_it_started(
       s.listen()
 
 
+@pytest.mark.slow
 def test_a_free_worker_slot_takes_a_worker_started_by_hand(
     tmp_path, tiny_data, script_procs):
   # Workers that come and go, locally (issue 44): 2 slots, 1 started; the
@@ -299,6 +303,7 @@ def test_a_free_worker_slot_takes_a_worker_started_by_hand(
   assert not processes_mentioning(str(tmp_path))
 
 
+@pytest.mark.slow
 def test_evaluator_counts_every_test_record_exactly_once(procs, tmp_path,
                                                         tiny_data):
   train_dir = str(tmp_path / 'train')

@@ -55,6 +55,7 @@ def test_restarts_trim_what_an_earlier_release_left(procs, tiny_data,
 # Asynchronous, worker 1 trains alone until it sees the chief gone (after
 # --lost_worker_secs, 9 s here, and a poll of 2 s), and again as soon as the
 # chief's port is back: leave steps for the chief.
+@pytest.mark.slow
 @pytest.mark.parametrize('num_ps, sync, max_steps', [(2, False, 800),
                                                      (1, True, 100)],
                          ids=['2ps_async', '1ps_sync'])
@@ -155,6 +156,7 @@ os._exit(0)  # As the trainer does when a session still waits (stuck).
 '''
 
 
+@pytest.mark.slow
 def test_telling_a_lost_ps_that_a_worker_is_done_is_bounded(procs, tmp_path):
   # ps 0 is there, ps 1 killed, ps 2 stopped (SIGSTOP: it takes connections
   # and answers nothing, as a hung machine).
@@ -209,6 +211,7 @@ setattr(target, %(name)r, kill_ps1_first)
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('moment', ['done_posts', 'final_save'])
 def test_a_ps_lost_at_the_end_is_named_and_nothing_hangs(procs, tiny_data,
                                                          tmp_path, moment):
@@ -343,6 +346,7 @@ def test_an_earlier_release_checkpoint_resumes_with_averages_from_weights(
         reader.get_tensor(name + '/ExponentialMovingAverage'), old[name]), name
 
 
+@pytest.mark.slow
 def test_a_resumed_run_says_when_its_learning_rate_changed(procs, tiny_data,
                                                            tmp_path):
   train_dir = str(tmp_path / 'train')
@@ -486,6 +490,7 @@ def events(paths):
   return [e for path in paths for e in tf1.train.summary_iterator(path)]
 
 
+@pytest.mark.slow
 def test_a_finished_run_started_again_writes_nothing(procs, tiny_data,
                                                      tmp_path):
   """The quickstart run again: nothing to train, so no checkpoint written

@@ -217,6 +217,7 @@ def chief_lines(log):
     return [(l.time.timestamp(), l.step) for l in progress.parse(f.read())]
 
 
+@pytest.mark.slow
 def test_the_quick_scaling_run(tmp_path, tiny_data):
   work = tmp_path / 'work'
   proc = start_scaling(tmp_path, '--data_dir=' + tiny_data, '--quick',

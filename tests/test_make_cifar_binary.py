@@ -375,6 +375,7 @@ def test_existing_data_is_never_overwritten(tmp_path):
   assert sorted(os.listdir(out)) == ['data_batch_1.bin']
 
 
+@pytest.mark.slow
 def test_twelve_classes_of_your_own_train_and_are_evaluated(procs,
                                                              tmp_path):
   source, data = tmp_path / 'images', tmp_path / 'data'

@@ -36,6 +36,7 @@ def network():
     net.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('replicas_to_aggregate', [2, 1])
 def test_cluster_over_veth_survives_a_cut_link(network, procs, tiny_data,
                                                tmp_path,

@@ -35,6 +35,7 @@ def start_and_load(**env):
   return proc.returncode, proc.stdout, proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(platform.machine() not in ('x86_64', 'AMD64'),
                     reason='oneDNN is turned on on x86 CPUs only')
 def test_onednn_is_on_whatever_the_cpu_and_off_when_the_caller_says():

@@ -128,6 +128,7 @@ def accumulators(path):
           if name.endswith('/Momentum')}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('num_ps, nesterov, packed',
                          [(1, False, False), (1, False, True),
                           (2, True, True)],
@@ -248,6 +249,7 @@ def checkpoint(train_dir, step):
           for name in reader.get_variable_to_shape_map()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('num_ps', [0, 2], ids=['one_process', '2ps'])
 def test_resumes_across_optimizers(procs, tiny_data, tmp_path, num_ps):
   """SGD's checkpoint resumed with Nesterov's momentum, its weights as SGD

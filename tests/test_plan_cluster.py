@@ -2,6 +2,7 @@
 "How many ps tasks?" table and docs/kubernetes.md's table of workers
 running in listed slots, which must be what the planner prints."""
 
+import json
 import os
 import re
 import subprocess
@@ -11,7 +12,8 @@ import pytest
 import tensorflow as tf
 
 import cifar10_model
-from helpers import ROOT
+import calibrate_planner
+from helpers import ROOT, run_in_group, suite_env
 import plan_cluster
 from training import throughput
 
@@ -77,6 +79,7 @@ def table_rows(out):
           for line in out.splitlines() if re.match(r'^\| \d+ \|', line)]
 
 
+@pytest.mark.slow
 def test_a_plan_and_its_plot_in_a_real_process(tmp_path):
   plot = tmp_path / 'plan.png'
   code, out = planner('--step_ms=45', '--num_workers=32', '--link_gbit=10',
@@ -238,6 +241,7 @@ def test_bad_input_gets_one_line(flags, says):
       if 'must be given' in says else '')
 
 
+@pytest.mark.slow
 def test_the_readme_table_is_the_planners(capsys):
   code, out = in_process(capsys, '--typical')
   assert code == 0, out
@@ -369,6 +373,7 @@ def test_bad_training_and_cores_get_one_line(flags, says):
   assert (code, out.strip()) == (2, 'Error: ' + says)
 
 
+@pytest.mark.slow
 def test_a_plan_with_cores_and_async_in_a_real_process():
   code, out = planner('--step_ms=272', '--num_workers=8', '--link_gbit=0.6',
                       '--batch_size=32', '--worker_cores=0.12',
@@ -377,7 +382,8 @@ def test_a_plan_with_cores_and_async_in_a_real_process():
   assert out.startswith('Predicted: 8 asynchronous workers at batch 32, 600 '
                         'Mbit/s links, float32 transfers, a worker\'s step '
                         '272 ms on a fast network. Machines: workers of 0.12 '
-                        'cores, ps of 0.12 cores.')
+                        'cores, ps of 0.12 cores; their RPCs\' CPU as '
+                        'measured on a Zen 4 (the default).')
   assert "| ps tasks | busiest link's tensors, MB each way per step | ms " \
          "per worker's step | images/s | x 1 ps |" in out
   rows = table_rows(out)
@@ -389,3 +395,116 @@ def test_a_plan_with_cores_and_async_in_a_real_process():
   assert [rows[i][2] for i in (0, 1, 3)] == pytest.approx(
       [322.0, 366.58, 455.75], abs=0.051)
   assert rows[0][3] == round(8 * 32e3 / 322.0)
+
+
+def constants_file(path, **values):
+  """A file as scripts/calibrate_planner.py writes it: every CPU constant
+  0 but values."""
+  path.write_text(json.dumps({'machine': 'a test machine', 'constants': dict(
+      dict.fromkeys(throughput.CPU_CONSTANTS, 0.0), **values)}))
+  return str(path)
+
+
+def test_measured_constants_replace_the_shipped_ones(tmp_path):
+  """4 asynchronous workers of a 10 ms step, machines of 1 core, links that
+  cost nothing (1,000 Gbit/s, a model of 1 KB): a worker's cycle is the
+  longest of its step with its RPCs and ps 0's CPU for the 4 workers'
+  steps. Shipped: 10 + 0.65 + 5.35 = 16 ms against 4 x 3.9 = 15.6. From
+  the file: 10 + 2 + 1 = 13 against 4 x 30 = 120 ms. The line names where
+  they were measured."""
+  flags = ['--step_ms=10', '--num_workers=4', '--link_gbit=1000',
+           '--model_bytes=1000', '--batch_size=32', '--training=async',
+           '--worker_cores=1', '--ps_cores=1', '--max_ps=1']
+  code, out = planner(*flags)
+  assert code == 0, out
+  assert 'as measured on a Zen 4 (the default).' in out
+  assert table_rows(out)[0][2] == 16.0
+  code, out = planner(*flags, '--constants=' + constants_file(
+      tmp_path / 'c.json', ASYNC_RPC_MS=2.0, PS_RPC_MS=1.0, PS_ASYNC_MS=30))
+  assert code == 0, out
+  assert "their RPCs' CPU as measured on a test machine." in out
+  assert table_rows(out)[0][2] == 120.0
+  assert table_rows(out)[0][3] == round(4 * 32e3 / 120)
+
+
+def test_a_constants_file_that_cannot_serve_is_one_line(tmp_path):
+  flags = ['--step_ms=10', '--num_workers=4', '--link_gbit=1',
+           '--model_bytes=1000']
+  missing = str(tmp_path / 'none.json')
+  bad = constants_file(tmp_path / 'bad.json', PS_WORKER_MS=-1.0)
+  for path, says in [
+      (missing, "--constants=%s: [Errno 2] No such file or directory: '%s'" % (
+          missing, missing)),
+      (bad, '--constants=%s: %s: PS_WORKER_MS is -1.0, not a number of 0 or '
+       'more; measure again with scripts/calibrate_planner.py' % (bad, bad))]:
+    code, out = planner(*flags, '--constants=' + path)
+    assert (code, out.strip()) == (2, 'Error: ' + says)
+
+
+def test_the_calibration_solves_its_runs_by_hand():
+  """scripts/calibrate_planner.py's algebra on CPU ms a global step written
+  by hand: PS_RPC 34 - 29 = 5 (2 ps against 1), SYNC 29 - 20 - 5 = 4, ASYNC
+  27 - 20 - 5 = 2, PS_WORKER 10 - 7 = 3 (2 workers' update against 1's),
+  PS_UPDATE 7 - 3 = 4, PS_ASYNC 4. Noise that makes a difference negative
+  makes it 0, and the rest follow from that 0."""
+  runs = {'A': {'worker0': 20.0}, 'B': {'worker0': 29.0, 'ps0': 7.0},
+          'C': {'worker0': 31.0, 'worker1': 28.0, 'ps0': 10.0},
+          'D': {'worker0': 34.0, 'ps0': 3.0, 'ps1': 2.0},
+          'E': {'worker0': 27.0, 'ps0': 4.0}}
+  assert calibrate_planner.constants(runs) == {
+      'PS_RPC_MS': 5.0, 'SYNC_RPC_MS': 4.0, 'ASYNC_RPC_MS': 2.0,
+      'PS_WORKER_MS': 3.0, 'PS_UPDATE_MS': 4.0, 'PS_ASYNC_MS': 4.0}
+  runs['D']['worker0'] = 28.0
+  runs['C']['ps0'] = 6.5
+  assert calibrate_planner.constants(runs) == {
+      'PS_RPC_MS': 0.0, 'SYNC_RPC_MS': 9.0, 'ASYNC_RPC_MS': 7.0,
+      'PS_WORKER_MS': 0.0, 'PS_UPDATE_MS': 7.0, 'PS_ASYNC_MS': 4.0}
+
+
+def test_the_calibration_needs_a_data_folder_and_counts_above_0(tmp_path):
+  for argv, says in [
+      (['--data_dir=%s' % tmp_path, '--rounds=0'],
+       '--rounds must be 1 or more (got 0)'),
+      (['--data_dir=%s' % (tmp_path / 'none')],
+       '--data_dir=%s is not a folder; make the synthetic set with '
+       'scripts/make_synthetic_cifar10.py' % (tmp_path / 'none'))]:
+    code, out = run_in_group([sys.executable, os.path.join(
+        ROOT, 'scripts', 'calibrate_planner.py')] + argv, 120)
+    assert (code, out.strip()) == (2, 'Error: ' + says)
+
+
+@pytest.mark.slow
+def test_the_calibration_measures_here_and_the_planner_reads_it(
+    tiny_data, tmp_path):
+  """One round of its five runs, 20 steps each, on tiny data: a line a run
+  naming each task's CPU a step, one a constant, the file; the planner
+  then predicts with them and names the machine they were measured on."""
+  out_file = tmp_path / 'constants.json'
+  code, out = run_in_group([
+      sys.executable, os.path.join(ROOT, 'scripts', 'calibrate_planner.py'),
+      '--data_dir=' + tiny_data, '--rounds=1', '--steps=20',
+      '--out=%s' % out_file], 900, env=suite_env())
+  assert code == 0, out
+  runs = re.findall(r'^round 1, run ([A-E]) \((\d) ps, (\d) (sync|async) '
+                    r'workers\): (.+)$', out, re.M)
+  assert [r[:4] for r in runs] == [
+      ('A', '0', '1', 'sync'), ('B', '1', '1', 'sync'),
+      ('C', '1', '2', 'sync'), ('D', '2', '1', 'sync'),
+      ('E', '1', '1', 'async')]
+  tasks = [re.findall(r'(\w+) [\d.]+ ms', r[4]) for r in runs]
+  assert tasks == [['worker0'], ['worker0', 'ps0'],
+                   ['worker0', 'worker1', 'ps0'], ['worker0', 'ps0', 'ps1'],
+                   ['worker0', 'ps0']]
+  found = json.loads(out_file.read_text())
+  assert set(found['constants']) == set(throughput.CPU_CONSTANTS)
+  assert all(v >= 0 for v in found['constants'].values())
+  assert found['constants'] == calibrate_planner.constants(
+      {name: rounds[0] for name, rounds in found['runs'].items()})
+  for name, value in found['constants'].items():
+    assert re.search(r'^%s = %.2f core-ms \(rounds: %.2f\)$' % (
+        name, value, value), out, re.M), name
+  code, out = planner('--step_ms=45', '--num_workers=8', '--link_gbit=10',
+                      '--model_bytes=719848', '--worker_cores=2',
+                      '--ps_cores=2', '--constants=%s' % out_file)
+  assert code == 0, out
+  assert "their RPCs' CPU as measured on %s." % found['machine'] in out

@@ -106,6 +106,7 @@ def assert_float32_checkpoint(train_dir):
 MOMENTUM = {'bfloat16': [], 'float16': ['--optimizer=momentum', '--nesterov']}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('dtype', ['bfloat16', 'float16'])
 def test_both_flags_in_a_synchronous_cluster_then_resumed_async(
     procs, tiny_data, tmp_path, dtype):
@@ -316,6 +317,7 @@ def same(a, b):
   return a.keys() == b.keys() and all(np.array_equal(a[n], b[n]) for n in a)
 
 
+@pytest.mark.slow
 def test_overflows_in_a_synchronous_cluster_with_a_backup_worker(
     procs, tiny_data, tmp_path):
   """float16 from a scale that overflows, on 2 ps + 3 synchronous workers
@@ -359,6 +361,7 @@ def test_overflows_in_a_synchronous_cluster_with_a_backup_worker(
   assert_clean_logs(procs)
 
 
+@pytest.mark.slow
 def test_a_worker_joining_late_does_not_reset_the_loss_scale(
     procs, tiny_data, tmp_path):
   # Asynchronous, and no end: the chief trains alone, then with worker 1,
@@ -578,6 +581,7 @@ def trainable_weights(worker):
       tf1.GraphKeys.TRAINABLE_VARIABLES))
 
 
+@pytest.mark.slow
 def test_two_async_workers_that_overflowed_at_one_scale_halve_it_once(
     two_workers):
   scale = 2.0**24  # float16's gradients overflow (its largest: 65504).
@@ -594,6 +598,7 @@ def test_two_async_workers_that_overflowed_at_one_scale_halve_it_once(
       weights, trainable_weights(workers[0])))  # Both applied nothing.
 
 
+@pytest.mark.slow
 def test_a_workers_update_of_the_scale_waits_for_anothers(two_workers):
   """The lost update, made to happen: worker 0 holds the ps's mutex between
   its read of the scale and its write (as a finite step's update does)

@@ -22,6 +22,7 @@ import urllib.request
 
 import numpy as np
 from PIL import Image
+import pytest
 
 import make_synthetic_cifar10  # From scripts/, on the path helpers sets.
 from helpers import OWN_LINE, ROOT, free_ports, run_in_group, suite_env
@@ -168,6 +169,7 @@ def serving(home, command, port):
     return f.read(), code
 
 
+@pytest.mark.slow
 def test_the_readme_path_prints_nothing_misleading(tmp_path):
   home = str(tmp_path / 'checkout')  # The user's folder, all relative.
   os.makedirs(home)

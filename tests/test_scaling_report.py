@@ -7,11 +7,14 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from helpers import ROOT
 
 SCALING = os.path.join(ROOT, 'tools', 'scaling_run.py')
 
 
+@pytest.mark.slow
 def test_the_report_takes_the_median_one_process_step(tmp_path):
   # Three rounds' one-process steps, 224, 179 and 176 ms: the planner
   # starts from their median, 179 ms, and the median spread, 0.06.
@@ -45,6 +48,32 @@ def test_the_report_takes_the_median_one_process_step(tmp_path):
   assert (tmp_path / 'scaling.png').read_bytes()[:4] == b'\x89PNG'
 
 
+@pytest.mark.slow
+def test_the_report_predicts_with_measured_constants(tmp_path):
+  """The first test's rounds, the planner's RPC CPU from a file of
+  scripts/calibrate_planner.py's: a synchronous step's 0.1 core-ms, each
+  ps's 0.5, ps 0's nothing. By hand, machines of 0.12 cores: 1 worker 179
+  + 0.6 / 0.12 = 184 ms, 173.9 images/s; 2 workers 179 + 5 + the slowest of
+  2 steps 6.060 = 190.06 ms, 336.7 images/s."""
+  test_the_report_takes_the_median_one_process_step(tmp_path)
+  constants = dict.fromkeys(('SYNC_RPC_MS', 'ASYNC_RPC_MS', 'PS_RPC_MS',
+                             'PS_WORKER_MS', 'PS_UPDATE_MS', 'PS_ASYNC_MS'),
+                            0.0)
+  constants.update(SYNC_RPC_MS=0.1, PS_RPC_MS=0.5)
+  (tmp_path / 'c.json').write_text(json.dumps(dict(machine='a test machine',
+                                                   constants=constants)))
+  proc = report('--report_only', '--work_dir=' + str(tmp_path),
+                '--constants=%s' % (tmp_path / 'c.json'))
+  assert proc.returncode == 0, proc.stderr
+  out = proc.stdout
+  assert out.startswith('The planner with the constants measured on a test '
+                        'machine\n')
+  assert '| 10 Gbit/s | 1 | sync | 1 | 120.0 (110.0-130.0) | 1.00 ' \
+         '(1.00-1.00) | 174 |' in out
+  assert '| 10 Gbit/s | 2 | sync | 1 | 200.0 (190.0-230.0) | 0.86 ' \
+         '(0.83-0.88) | 337 |' in out
+
+
 def write_run(folder, share, steps, rounds, cv=0.05, cpu='a CPU'):
   """A scaling.json of rounds of 1 worker + 1 ps (images/s a round)."""
   os.makedirs(folder, exist_ok=True)
@@ -63,6 +92,7 @@ def report(*flags):
                         timeout=300)
 
 
+@pytest.mark.slow
 def test_a_pool_of_runs_takes_all_their_rounds(tmp_path):
   write_run(tmp_path / 'a', 0.12, [200.0, 220.0], [110.0, 120.0])
   write_run(tmp_path / 'b', 0.12, [240.0], [130.0], cv=0.2)

@@ -183,6 +183,7 @@ def assert_steps(shape, name_step, step, max_steps):
     assert name_step == step == max_steps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('first, second', SHAPES.values(), ids=SHAPES.keys())
 def test_shape_trains_to_max_steps_and_resumes(procs, tiny_data, tmp_path,
                                                first, second):
@@ -235,6 +236,7 @@ def test_shape_trains_to_max_steps_and_resumes(procs, tiny_data, tmp_path,
   assert not np.array_equal(before, after)
 
 
+@pytest.mark.slow
 def test_a_resume_with_fewer_workers_continues_the_model(procs, tiny_data,
                                                          tmp_path):
   # 3 synchronous workers to step 10, then 2 from its checkpoint to step 12

@@ -14,6 +14,7 @@ checkpoints remain.
 
 import re
 
+import pytest
 import tensorflow as tf
 
 from helpers import MAX_TO_KEEP, checkpoint_files, cluster_flags, kill9
@@ -32,6 +33,7 @@ def went_on_from(log):
       r'the ps tasks hold the model at global step )(\d+)', log)]
 
 
+@pytest.mark.slow
 def test_kill_and_restart_every_role_again_and_again(procs, tiny_data,
                                                      tmp_path):
   train_dir = str(tmp_path / 'train')

@@ -291,8 +291,8 @@ def test_each_private_use_says_what_breaks():
 # benchmark, the elastic run and what they use) are in tools/.
 USER_SCRIPTS = {'run_local_cluster.sh', 'download_cifar10.py',
                 'make_synthetic_cifar10.py', 'make_cifar_binary.py',
-                'show_inputs.py', 'plan_cluster.py', 'export_model.py',
-                'classify_images.py', 'tensorboard.sh'}
+                'show_inputs.py', 'plan_cluster.py', 'calibrate_planner.py',
+                'export_model.py', 'classify_images.py', 'tensorboard.sh'}
 
 
 def test_scripts_hold_only_what_users_run():
@@ -323,3 +323,69 @@ def test_no_test_file_imports_another():
       n for n in imports(p) if n.split('.')[0].startswith('test_') or
       n.split('.')[0] == 'conftest') for p in tests}
   assert {p: n for p, n in leaning.items() if n} == {}
+
+
+def slow(node):
+  """Whether a test function's decorators mark it slow."""
+  return any('slow' in ast.unparse(d) for d in node.decorator_list)
+
+
+def quick_tests(path):
+  """The names of path's test functions in the quick tier (not marked slow,
+  neither they nor their file)."""
+  module = tree(path)
+  for node in module.body:
+    if isinstance(node, ast.Assign) and any(
+        getattr(t, 'id', None) == 'pytestmark' for t in node.targets) and (
+            'slow' in ast.unparse(node.value)):
+      return []
+  return [node.name for node in module.body
+          if isinstance(node, ast.FunctionDef) and
+          node.name.startswith('test_') and not slow(node)]
+
+
+def named_modules(path):
+  """The product modules a test file names: those it imports, and the
+  scripts, tools and entry points it runs by their file's name (the
+  trainer through helpers.TRAINER)."""
+  with open(path) as f:
+    text = f.read()
+  names = product_imports(path)
+  for source in SOURCES:
+    base = os.path.basename(source)
+    if re.search(r'\b%s\b' % re.escape(base), text):
+      names.add(os.path.relpath(source, ROOT)[:-3].replace('/', '.'))
+  if re.search(r'\bTRAINER\b|start_trainer|start_cluster', text):
+    names.add('train_distributed')
+  return names
+
+
+ALL_MODULES = {os.path.relpath(p, ROOT)[:-3].replace('/', '.')
+               for p in SOURCES}
+
+
+def product_imports(path):
+  """The product modules (ALL_MODULES) a file imports; scripts/ and tools/
+  are on the path, their modules imported by bare name."""
+  bare = {m.split('.')[-1]: m for m in ALL_MODULES
+          if m.split('.')[0] in ('scripts', 'tools')}
+  return {bare.get(m, m) for m in imports(path)} & ALL_MODULES
+
+
+def test_every_module_has_a_quick_test():
+  """The quick tier (README: -m 'not slow') reaches every module: each is
+  named (imported, or run by its file's name) by a test file with a test
+  in the tier, or imported by a module so named (the trainer's modules
+  through a quick test that runs the trainer)."""
+  todo = set()
+  for path in glob.glob(os.path.join(os.path.dirname(__file__),
+                                     'test_*.py')):
+    if quick_tests(path):
+      todo |= named_modules(path)
+  named = set()
+  while todo:
+    module = todo.pop()
+    named.add(module)
+    todo |= product_imports(
+        os.path.join(ROOT, module.replace('.', '/') + '.py')) - named
+  assert sorted(ALL_MODULES - named) == []

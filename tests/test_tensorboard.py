@@ -43,6 +43,7 @@ def wait_for_tags(port, procs, timeout=90):
       sorted(CHIEF_TAGS | EVAL_TAGS), tags))
 
 
+@pytest.mark.slow
 def test_tensorboard_serves_the_chief_and_evaluator_scalars(procs, tiny_data,
                                                             tmp_path):
   train_dir = str(tmp_path / 'train')
@@ -79,6 +80,7 @@ def test_tensorboard_serves_the_chief_and_evaluator_scalars(procs, tiny_data,
       (20, round(result['accuracy'], 6))]
 
 
+@pytest.mark.slow
 def test_the_chief_writes_the_clusters_examples_per_second(procs, tiny_data,
                                                            tmp_path):
   """Sync, 2 workers of 16: a global step trains on 32 examples. Between two

@@ -380,6 +380,7 @@ def read_lines(stream, lines):
     lines.append(line.rstrip('\n'))
 
 
+@pytest.mark.slow
 def test_scripts_and_tensorboard_print_only_their_own_lines(tiny_data,
                                                             tmp_path):
   # As a user runs them, side by side: what the network is fed, the

@@ -215,6 +215,7 @@ def received(graph, partition_graphs):
   return sent
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('packed', [True, False], ids=['packed', 'plain'])
 def test_a_cluster_step_trains_as_one_process(procs, tmp_path, monkeypatch,
                                               packed):

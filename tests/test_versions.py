@@ -69,6 +69,7 @@ def test_the_trainer_says_nothing_of_a_tested_version(tiny_data, tmp_path):
 
 
 
+@pytest.mark.slow
 def test_the_tool_runs_the_tests_in_an_environment_and_names_failures(
     tmp_path):
   tests = tmp_path / 'test_two.py'

@@ -9,6 +9,8 @@ clock (a loaded machine delays a line, and the test's reading of it).
 
 import signal
 
+import pytest
+
 from helpers import assert_clean_logs, checkpoint_step, cluster_flags
 from helpers import hosts, wait_until
 from training import liveness
@@ -19,6 +21,7 @@ REPORT = ['--wait_report_secs=2']
 LINE_SECS = 2 + 4 + 60
 
 
+@pytest.mark.slow
 def test_each_wait_says_what_it_waits_for(procs, tiny_data, tmp_path):
   train_dir = str(tmp_path / 'train')
   flags = cluster_flags(tiny_data, train_dir, num_workers=3) + [
@@ -61,6 +64,7 @@ def test_each_wait_says_what_it_waits_for(procs, tiny_data, tmp_path):
   assert checkpoint_step(train_dir) > 0
 
 
+@pytest.mark.slow
 def test_ps_names_a_slot_never_started_then_exits_without_it(
     procs, tiny_data, tmp_path):
   """Worker 1 listed, never started: the chief takes its tokens and
@@ -86,6 +90,7 @@ def test_ps_names_a_slot_never_started_then_exits_without_it(
   assert_clean_logs(procs)
 
 
+@pytest.mark.slow
 def test_a_ps_no_worker_reached_names_the_workers(procs, tiny_data,
                                                  tmp_path):
   """The first mistake names itself (issue 44): a ps whose workers never

@@ -88,17 +88,15 @@ def main(argv=None):
   parser.add_argument('--to_step', type=int, default=180)
   args = parser.parse_args(argv)
   checkouts = [os.path.abspath(c) for c in args.checkouts.split(',')]
-  work = tempfile.mkdtemp(prefix='ps_cpu_')
-  results = {c: [] for c in checkouts}
-  for round_ in range(args.rounds):
-    for checkout in checkouts:
-      results[checkout].append(one_run(checkout=checkout, args=args,
-                                       work=work))
-      print('round %d, %s: %.2f ms of ps 0 a worker step' % (
-          round_, checkout, results[checkout][-1]), flush=True)
-  base = results[checkouts[0]]
-  for checkout in checkouts:
-    ms = results[checkout]
+  results = [[] for _ in checkouts]  # By position: one may come twice.
+  with tempfile.TemporaryDirectory(prefix='ps_cpu_') as work:
+    for round_ in range(args.rounds):
+      for checkout, ms in zip(checkouts, results):
+        ms.append(one_run(checkout=checkout, args=args, work=work))
+        print('round %d, %s: %.2f ms of ps 0 a worker step' % (
+            round_, checkout, ms[-1]), flush=True)
+  base = results[0]
+  for checkout, ms in zip(checkouts, results):
     print('%s: median %.2f ms (%s); x the first, by round: %s' % (
         checkout, statistics.median(ms), ', '.join('%.2f' % m for m in ms),
         ', '.join('%.2f' % (m / b) for m, b in zip(ms, base))))

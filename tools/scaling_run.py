@@ -45,6 +45,7 @@ import network_namespaces  # pylint: disable=g-import-not-at-top,wrong-import-po
 import plan_cluster  # pylint: disable=g-import-not-at-top,wrong-import-position
 import scaling_report  # pylint: disable=g-import-not-at-top,wrong-import-position
 from training import process  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training import throughput  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 MODES = scaling_report.MODES
 
@@ -104,6 +105,9 @@ def make_parser():
                       help='with --report_only: the rounds of the runs in '
                       'these folders (separated by commas) together, '
                       'written to WORK_DIR')
+  parser.add_argument('--constants', metavar='FILE.json',
+                      help="the planner's RPC CPU constants from "
+                      'scripts/calibrate_planner.py (default: the shipped)')
   return parser
 
 
@@ -131,6 +135,12 @@ def parse_args(argv):
   elif args.report_only and missing:
     problem = ('--report_only: %s holds no scaling.json; run without '
                '--report_only first' % missing[0])
+  try:
+    if args.constants and not problem:
+      print('The planner with the constants measured on %s' %
+            throughput.load_constants(args.constants))
+  except (OSError, ValueError) as e:
+    problem = '--constants=%s: %s' % (args.constants, e)
   if problem:
     parser.exit(2, 'Error: %s\n' % problem)
   args.plot = args.plot or os.path.join(args.work_dir, 'scaling.png')

@@ -11,6 +11,7 @@ machines on one switch have.
 """
 
 import functools
+import json
 import math
 
 # Bytes on the wire per byte of tensor: TCP/IP and Ethernet headers, and
@@ -57,6 +58,31 @@ PS_RPC_MS = 5.35
 PS_WORKER_MS = 4.4
 PS_UPDATE_MS = 9.9
 PS_ASYNC_MS = 3.9
+# What scripts/calibrate_planner.py measures on the user's machines and
+# load_constants() puts in their place.
+CPU_CONSTANTS = ('SYNC_RPC_MS', 'ASYNC_RPC_MS', 'PS_RPC_MS', 'PS_WORKER_MS',
+                 'PS_UPDATE_MS', 'PS_ASYNC_MS')
+
+
+def load_constants(path):
+  """Puts the CPU constants of scripts/calibrate_planner.py's file in place
+  of the shipped ones; returns the machine it measured them on.
+
+  Raises:
+    ValueError: the file lacks one, or one is not a number of 0 or more.
+  """
+  with open(path) as f:
+    found = json.load(f)
+  values = found.get('constants', {})
+  for name in CPU_CONSTANTS:
+    if not isinstance(values.get(name), (int, float)) or values[name] < 0:
+      raise ValueError('%s: %s is %r, not a number of 0 or more; measure '
+                       'again with scripts/calibrate_planner.py' % (
+                           path, name, values.get(name)))
+  globals().update({name: float(values[name]) for name in CPU_CONSTANTS})
+  return found.get('machine', 'an unnamed machine')
+
+
 # Asynchronous pulls and pushes cross the busiest link at once, in both
 # directions, from every worker: it carries its bytes this many times more
 # slowly than one stream.
