@@ -290,6 +290,26 @@ def test_an_export_of_your_own_images_names_their_classes(procs, tmp_path):
                               for photo, p in zip(photos, answers)]
 
 
+def test_nothing_to_export_or_classify_is_one_line(tmp_path):
+  """The quick tier's: an empty --train_dir for the export, an empty
+  --model_dir for the classifier: one line each, exit 2."""
+  empty = str(tmp_path / 'empty')
+  os.makedirs(empty)
+  photo = str(tmp_path / 'photo.png')
+  with open(photo, 'w') as f:
+    f.write('not an image\n')
+  results = run_all(
+      [sys.executable, EXPORT, '--train_dir=' + empty,
+       '--export_dir=' + str(tmp_path / 'export')],
+      [sys.executable, CLASSIFY, '--model_dir=' + empty, photo])
+  assert results == [(2, '', 'Error: %s\n' % line) for line in [
+      'no readable checkpoint in %s: train first, or point --train_dir at '
+      "the chief's" % empty,
+      '--model_dir=%s is not a model exported by scripts/export_model.py (it '
+      'has no saved_model.pb with a serving_default signature and '
+      'assets/class_names.txt): pass the --export_dir it wrote' % empty]]
+
+
 @pytest.mark.slow
 def test_bad_inputs_are_one_line(trained, tmp_path):
   empty = str(tmp_path / 'empty')

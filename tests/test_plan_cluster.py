@@ -425,20 +425,40 @@ def test_measured_constants_replace_the_shipped_ones(tmp_path):
   assert "their RPCs' CPU as measured on a test machine." in out
   assert table_rows(out)[0][2] == 120.0
   assert table_rows(out)[0][3] == round(4 * 32e3 / 120)
+  # ps 0 quick: the worker's side, 10 + 2 + 1.
+  code, out = planner(*flags, '--constants=' + constants_file(
+      tmp_path / 'd.json', ASYNC_RPC_MS=2.0, PS_RPC_MS=1.0, PS_ASYNC_MS=1))
+  assert table_rows(out)[0][2] == 13.0
+  # Synchronous, ps 0 the bound: (100 + 4 x 10) / 1 core = 140 ms an
+  # update, above the step's 10 + 0 of RPCs.
+  sync = [f for f in flags if f != '--training=async']
+  code, out = planner(*sync, '--constants=' + constants_file(
+      tmp_path / 'e.json', PS_UPDATE_MS=100, PS_WORKER_MS=10))
+  assert code == 0, out
+  assert table_rows(out)[0][2] == 140.0
 
 
 def test_a_constants_file_that_cannot_serve_is_one_line(tmp_path):
   flags = ['--step_ms=10', '--num_workers=4', '--link_gbit=1',
            '--model_bytes=1000']
   missing = str(tmp_path / 'none.json')
-  bad = constants_file(tmp_path / 'bad.json', PS_WORKER_MS=-1.0)
-  for path, says in [
-      (missing, "--constants=%s: [Errno 2] No such file or directory: '%s'" % (
-          missing, missing)),
-      (bad, '--constants=%s: %s: PS_WORKER_MS is -1.0, not a number of 0 or '
-       'more; measure again with scripts/calibrate_planner.py' % (bad, bad))]:
+  cases = [(missing, "[Errno 2] No such file or directory: '%s'" % missing)]
+  for name, value, shown in [('PS_WORKER_MS', -1.0, '-1.0'),
+                             ('PS_UPDATE_MS', True, 'True'),
+                             ('SYNC_RPC_MS', float('nan'), 'nan'),
+                             ('PS_RPC_MS', '2', "'2'")]:
+    path = constants_file(tmp_path / (name + '.json'), **{name: value})
+    cases.append((path, '%s: %s is %s, not a number of 0 or more; measure '
+                  'again with scripts/calibrate_planner.py' % (path, name,
+                                                               shown)))
+  listed = tmp_path / 'list.json'
+  listed.write_text('[1, 2]')
+  cases.append((str(listed), '%s holds no constants; measure them with '
+                'scripts/calibrate_planner.py' % listed))
+  for path, says in cases:
     code, out = planner(*flags, '--constants=' + path)
-    assert (code, out.strip()) == (2, 'Error: ' + says)
+    assert (code, out.strip()) == (2, 'Error: --constants=%s: %s' % (
+        path, says))
 
 
 def test_the_calibration_solves_its_runs_by_hand():
@@ -465,6 +485,10 @@ def test_the_calibration_needs_a_data_folder_and_counts_above_0(tmp_path):
   for argv, says in [
       (['--data_dir=%s' % tmp_path, '--rounds=0'],
        '--rounds must be 1 or more (got 0)'),
+      (['--data_dir=%s' % tmp_path, '--steps=-1'],
+       '--steps must be 1 or more (got -1)'),
+      (['--data_dir=%s' % tmp_path, '--batch_size=0'],
+       '--batch_size must be 1 or more (got 0)'),
       (['--data_dir=%s' % (tmp_path / 'none')],
        '--data_dir=%s is not a folder; make the synthetic set with '
        'scripts/make_synthetic_cifar10.py' % (tmp_path / 'none'))]:

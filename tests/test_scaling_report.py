@@ -14,19 +14,25 @@ from helpers import ROOT
 SCALING = os.path.join(ROOT, 'tools', 'scaling_run.py')
 
 
-@pytest.mark.slow
-def test_the_report_takes_the_median_one_process_step(tmp_path):
-  # Three rounds' one-process steps, 224, 179 and 176 ms: the planner
-  # starts from their median, 179 ms, and the median spread, 0.06.
+def write_three_rounds(folder):
+  """Three rounds of 1 and 2 sync workers at 0.12 core, by hand; their
+  one-process steps 224, 179 and 176 ms (spreads 0.1, 0.06, 0.06)."""
   runs = [dict(round=r, gbit=10.0, workers=w, mode='sync', ps=1, mbit=600.0,
                images_per_sec=rate)
           for w, rates in ((1, (120.0, 110.0, 130.0)),
                            (2, (200.0, 190.0, 230.0)))
           for r, rate in enumerate(rates)]
-  (tmp_path / 'scaling.json').write_text(json.dumps(dict(
+  (folder / 'scaling.json').write_text(json.dumps(dict(
       share=0.12, machine_cores=2.0, batch_size=32, host_cores=2,
       cpu='a CPU', latency_us=0.0, one_process_steps_ms=[224.0, 179.0, 176.0],
       one_process_step_cvs=[0.1, 0.06, 0.06], runs=runs)))
+
+
+@pytest.mark.slow
+def test_the_report_takes_the_median_one_process_step(tmp_path):
+  # The planner starts from the median one-process step, 179 ms, and the
+  # median spread, 0.06.
+  write_three_rounds(tmp_path)
   proc = subprocess.run(
       [sys.executable, SCALING, '--data_dir=unused', '--report_only',
        '--work_dir=' + str(tmp_path)], capture_output=True, text=True)
@@ -55,7 +61,7 @@ def test_the_report_predicts_with_measured_constants(tmp_path):
   ps's 0.5, ps 0's nothing. By hand, machines of 0.12 cores: 1 worker 179
   + 0.6 / 0.12 = 184 ms, 173.9 images/s; 2 workers 179 + 5 + the slowest of
   2 steps 6.060 = 190.06 ms, 336.7 images/s."""
-  test_the_report_takes_the_median_one_process_step(tmp_path)
+  write_three_rounds(tmp_path)
   constants = dict.fromkeys(('SYNC_RPC_MS', 'ASYNC_RPC_MS', 'PS_RPC_MS',
                              'PS_WORKER_MS', 'PS_UPDATE_MS', 'PS_ASYNC_MS'),
                             0.0)
@@ -72,6 +78,12 @@ def test_the_report_predicts_with_measured_constants(tmp_path):
          '(1.00-1.00) | 174 |' in out
   assert '| 10 Gbit/s | 2 | sync | 1 | 200.0 (190.0-230.0) | 0.86 ' \
          '(0.83-0.88) | 337 |' in out
+  (tmp_path / 'bad.json').write_text('{}')
+  proc = report('--report_only', '--work_dir=' + str(tmp_path),
+                '--constants=%s' % (tmp_path / 'bad.json'))
+  assert (proc.returncode, proc.stderr) == (
+      2, 'Error: --constants=%s: %s holds no constants; measure them with '
+      'scripts/calibrate_planner.py\n' % ((tmp_path / 'bad.json',) * 2))
 
 
 def write_run(folder, share, steps, rounds, cv=0.05, cpu='a CPU'):

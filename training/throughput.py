@@ -73,12 +73,17 @@ def load_constants(path):
   """
   with open(path) as f:
     found = json.load(f)
-  values = found.get('constants', {})
+  values = found.get('constants') if isinstance(found, dict) else None
+  if not isinstance(values, dict):
+    raise ValueError('%s holds no constants; measure them with '
+                     'scripts/calibrate_planner.py' % path)
   for name in CPU_CONSTANTS:
-    if not isinstance(values.get(name), (int, float)) or values[name] < 0:
+    value = values.get(name)
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or
+        not 0 <= value < math.inf):
       raise ValueError('%s: %s is %r, not a number of 0 or more; measure '
                        'again with scripts/calibrate_planner.py' % (
-                           path, name, values.get(name)))
+                           path, name, value))
   globals().update({name: float(values[name]) for name in CPU_CONSTANTS})
   return found.get('machine', 'an unnamed machine')
 
