@@ -22,17 +22,11 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, 'scripts'))  # The planner's calibration.
+from calibrate_planner import cpu_ms  # pylint: disable=wrong-import-position
 from training import ports  # pylint: disable=wrong-import-position
 
-TICKS = os.sysconf('SC_CLK_TCK')
 STEP = re.compile(r': step (\d+),')
-
-
-def cpu_ms(pid):
-  """A process's CPU time so far, user and system, in ms."""
-  with open('/proc/%d/stat' % pid) as f:
-    fields = f.read().rsplit(')', 1)[1].split()
-  return (int(fields[11]) + int(fields[12])) * 1000.0 / TICKS
 
 
 def one_run(*, checkout, args, work):
