@@ -103,7 +103,8 @@ class SplitOptimizer:
     # The weights' next pull, joined once (SyncReplicasOptimizer puts the
     # workers' tokens after this op: no step reads them before).
     with tf.control_dependencies([update]):
-      refreshed = [_refresh(_joined_weights(ps)) for _, ps in grads_and_vars]
+      refreshed = [_refresh(*_make_joined_weights(ps))
+                   for _, ps in grads_and_vars]
     return tf.group(update, *refreshed)
 
   def get_slot(self, *args, **kwargs):
@@ -122,8 +123,9 @@ def largest_first(items, size):
   return sorted(items, key=lambda item: -size(item))
 
 
-def _joined_weights(ps):
-  """A variable on ps's device for its weights joined, largest first."""
+def _make_joined_weights(ps):
+  """(a variable on ps's device for its weights joined, those weights in
+  their order there: the largest first)."""
   weights = largest_first(ps.variables, lambda v: v.shape.num_elements())
   task = tf.DeviceSpec.from_string(ps.device).task or 0
   with tf1.device(ps.device):
@@ -134,14 +136,11 @@ def _joined_weights(ps):
         trainable=False, collections=[], use_resource=True,
         name='joined_weights_%d' % task)
   tf1.add_to_collection(JOINED_WEIGHTS, (joined, weights))
-  return joined
+  return joined, weights
 
 
-def _refresh(joined):
-  """An op that joins the weights of joined (a JOINED_WEIGHTS variable)
-  into it, on its ps."""
-  weights = next(w for v, w in tf1.get_collection(JOINED_WEIGHTS)
-                 if v is joined)
+def _refresh(joined, weights):
+  """An op that joins weights into joined, on its ps."""
   with tf1.device(joined.device):
     return joined.assign(tf.concat([tf.reshape(v.value(), [-1])
                                     for v in weights], 0), read_value=False)
@@ -168,8 +167,8 @@ def fill_joined_weights(*, chief):
   worker's only where they are not filled yet (a new ps), so that a worker
   that joins while the chief's update runs leaves its refresh alone."""
   fills = []
-  for joined, _ in tf1.get_collection(JOINED_WEIGHTS):
-    fill = lambda joined=joined: _refresh(joined)
+  for joined, weights in tf1.get_collection(JOINED_WEIGHTS):
+    fill = lambda joined=joined, weights=weights: _refresh(joined, weights)
     fills.append(fill() if chief else tf1.cond(
         tf1.is_variable_initialized(joined), tf.no_op, fill))
   return tf.group(*fills)
