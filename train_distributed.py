@@ -55,7 +55,6 @@ from training import progress
 from training import ps_task
 from training import session
 from training import session_config
-from training import sync_protocol
 from training import versions
 from training import worker_hooks
 from training.hooks import StopOnSignalHook, events_writer
@@ -82,7 +81,8 @@ def main(_):
                if task.ps_hosts else None)  # None: one process, no server.
     if task.job_name == 'ps':
       signal.signal(signal.SIGINT, signal.SIG_DFL)  # Nothing to save: go.
-      config = session_config.session_config('ps', task.task_index)
+      config = session_config.session_config(
+          'ps', task.task_index, task.worker_hosts, ps_hosts=task.ps_hosts)
       server = start_server(cluster, 'ps', task.task_index, config)
       # The reference's server.join(), which never returned.
       status = ps_task.serve(server, cluster=cluster,
@@ -211,7 +211,7 @@ def train_worker(task, cluster):
           'restart.' % train_dir, file=sys.stderr)
     return 1
   finally:  # The step on the ps, or else the last this worker saw.
-    final_step = None if cluster is None else sync_protocol.tell_cluster_done(
+    final_step = None if cluster is None else ps_task.tell_cluster_done(
         master=master, config=config, task_index=index,
         ps_hosts=task.ps_hosts, global_step=graph.global_step,
         close=sync and is_chief)

@@ -105,8 +105,9 @@ flags.DEFINE_boolean('fresh_start', False, 'Chief only: delete --train_dir and '
 flags.DEFINE_boolean('new_data', False, 'Chief: resume a --train_dir trained '
                      'on other data (to fine-tune); the new data is recorded.')
 flags.DEFINE_integer('intra_op_threads', 0, 'Threads each op may use in a '
-                     'worker; 0: the cores here divided by the workers listed '
-                     'on this host, so that they do not fight over cores.')
+                     'worker; 0: the cores it may use here (within a CPU '
+                     'quota) divided by the workers listed on this host, so '
+                     'that they do not fight over cores.')
 flags.DEFINE_float('eval_interval_secs', 5,
                    'Evaluator: how often to look for a new checkpoint.')
 flags.DEFINE_boolean('run_once', False,

@@ -138,7 +138,7 @@ import tensorflow as tf
 tf1 = tf.compat.v1
 tf1.disable_eager_execution()
 from training import session_config
-from training import sync_protocol
+from training import ps_task
 ps, worker = %(ps)r, %(worker)r
 cluster = tf.train.ClusterSpec({'ps': ps, 'worker': [worker]})
 config = session_config.session_config('worker', 0, [worker])
@@ -147,7 +147,7 @@ server = tf1.train.Server(cluster, job_name='worker', task_index=0,
 with tf.device('/job:ps/task:0'):
   step = tf1.train.get_or_create_global_step()
 print('start', time.time(), flush=True)
-result = sync_protocol.tell_cluster_done(
+result = ps_task.tell_cluster_done(
     master=server.target, config=config, task_index=0, ps_hosts=ps,
     global_step=step, close=False)
 print('end', time.time(), flush=True)
@@ -199,7 +199,7 @@ KILL_PS1_BEFORE = '''
 import os, signal, time
 from training import hooks
 from training import liveness
-from training import sync_protocol
+from training import ps_task
 target = %(target)s
 real = getattr(target, %(name)r)
 def kill_ps1_first(*args, **kwargs):
@@ -221,7 +221,7 @@ def test_a_ps_lost_at_the_end_is_named_and_nothing_hangs(procs, tiny_data,
   ps = flags[0].split('=')[1].split(',')
   procs.trainer('ps0', '--job_name=ps', '--task_index=0', *flags)
   procs.trainer('ps1', '--job_name=ps', '--task_index=1', *flags)
-  target, name = {'done_posts': ('sync_protocol', 'tell_cluster_done'),
+  target, name = {'done_posts': ('ps_task', 'tell_cluster_done'),
                   'final_save': ('hooks.CheckpointSaverHook', 'end')
                   }[moment]
   procs.trainer('worker0', '--job_name=worker', '--task_index=0', *flags,

@@ -55,6 +55,30 @@ def test_a_task_in_its_own_cgroup_is_held_to_its_share():
   assert not cpu_shares.owned(os.getpid())
 
 
+def test_a_task_held_to_half_a_core_sizes_its_threads_to_it():
+  """TensorFlow sizes its pools to every core a process may run on; a task
+  in a cgroup held to half a core (a container's limit) counts 1, for a
+  worker's intra-op threads and a ps's pools alike."""
+  cores = len(os.sched_getaffinity(0))
+  if cores < 2:
+    pytest.skip('one core: a quota of half of it changes nothing')
+  code = ('import sys; sys.path.insert(0, %r)\n'
+          'from training import session_config as s\n'
+          'print(s.usable_cores(), s.intra_op_threads(["w:1"], 0), '
+          's.ps_threads(["p:1"], ["w:1"], 0))' % ROOT)
+  shares = cpu_shares.CpuShares()
+  try:
+    found = {}
+    for task, share in (('free', None), ('half', 0.5)):
+      shares.make(task, share)
+      found[task] = subprocess.run(
+          shares.prefix_for(task) + [sys.executable, '-c', code],
+          capture_output=True, text=True, check=True).stdout.split()
+  finally:
+    shares.close()
+  assert found == {'free': [str(cores)] * 3, 'half': ['1'] * 3}
+
+
 def test_a_free_share_gets_its_quota_when_set_and_close_kills_and_removes():
   shares = cpu_shares.CpuShares()
   try:

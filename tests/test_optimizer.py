@@ -91,15 +91,18 @@ def train(out, rule, initial=None, spec=None, packed=True):
       # workers' steps take theirs from the update of their gradients.
       sess.run([opt.chief_init_op,
                 ps_gradients.fill_joined_weights(chief=True)])
+      sess.run(ps_gradients.fill_pulled_weights())
       sync_op = opt.get_chief_queue_runner().enqueue_ops[0]
       other, other_built = worker_graph(rule=rule, cluster=cluster, worker=1,
                                         packed=packed)
       with other.as_default():
         local_init = [tf1.local_variables_initializer(),  # And the hook's:
                       ps_gradients.fill_joined_weights(chief=False)]
+        fill_pulled = ps_gradients.fill_pulled_weights()
       worker1 = stack.enter_context(tf1.Session(
           'grpc://' + spec['worker'][1], graph=other, config=config))
       worker1.run(local_init)
+      worker1.run(fill_pulled)
     gradients = []
     for update in range(1, UPDATES + 1):
       # One update (the chief's sync thread runs it in a loop), traced once.

@@ -78,19 +78,20 @@ def assert_steps(stepped, expected):
 
 
 @pytest.mark.slow
-def test_a_synchronous_step_makes_five_rpcs_to_ps0_the_chiefs_six(
+def test_a_synchronous_step_makes_four_rpcs_to_ps0_the_chiefs_five(
     procs, tiny_data, tmp_path):
   """1 ps + 2 synchronous workers. Worker 1's step: RunGraph and its
-  CleanupGraph, the weights (joined once an update) and the step's end
-  (token, global step, aside flag) pulled, one push (gradients and local
-  step) that ps 0 fetches: 5. The chief's also pulls the global step its
-  hooks read at the step's start: 6. Each update of the chief's sync thread runs on ps 0 alone: 2.
-  Every step of each kind made exactly these. Before the cut: 10, 12, 4."""
+  CleanupGraph, the step's end pulled (token, global step, aside flag and
+  the next step's weights, joined once an update), one push (gradients and
+  local step) that ps 0 fetches: 4. The chief's also pulls the global step
+  its hooks read at the step's start: 5. Each update of the chief's sync
+  thread runs on ps 0 alone: 2. Every step of each kind made exactly these.
+  Before the cut: 10, 12, 4."""
   found = counted_run(procs, tiny_data, tmp_path, workers=2)
   expected = {
-      'worker1': {**RUN, **pulls('worker1', 'joined_weights', 'step_end'),
+      'worker1': {**RUN, **pulls('worker1', 'step_end_weights'),
                   **pushes('worker1', 'packed')},
-      'worker0': {**RUN, **pulls('worker0', 'joined_weights', 'step_end',
+      'worker0': {**RUN, **pulls('worker0', 'step_end_weights',
                                  'global_step_read'),
                   **pushes('worker0', 'packed')}}
   assert_steps(steps_of(found, 'step'), expected)

@@ -92,46 +92,48 @@ def crossing(num_ps, sync, task_index, packed=True):
 
 
 # From the global step's ps once the step has its token: the token, the
-# global step then and the worker's aside flag, as one tensor.
-STEP_END = 'step_end'
+# global step then, the worker's aside flag and that ps's weights (joined
+# once an update), as one tensor, kept by the worker for its next step.
+STEP_END = 'step_end_weights'
 # The gradients, the local step (for the accumulators' staleness check) and
 # the chief's 10 BatchNorm statistics, as one tensor.
 PUSHED = 'packed'
-# A synchronous step's weights: joined on their ps once an update, by the
-# chief's update, and read whole by every step (training/ps_gradients.py).
+# A synchronous step's weights from another ps: joined there once an update,
+# by the chief's update, and read whole by every step
+# (training/ps_gradients.py).
 JOINED = 'joined_weights'
 # An asynchronous step's: joined on the ps by each step (each step updates).
 WEIGHTS = 'packed'
 
 
 def test_a_synchronous_chief_sends_each_kind_once():
-  """1 ps: the weights come in one tensor, and go back in one with the
-  local step and the statistics; the token, the step after it and the
-  aside flag come back in one. No control edge: the ps waits for its own
-  ops. Was 65 transfers a step in a trace (12 weights, 12 gradients, 12
+  """1 ps: the gradients go in one tensor with the local step and the
+  statistics; the token, the step after it, the aside flag and the next
+  step's weights come back in one. No control edge: the ps waits for its
+  own ops. Was 65 transfers a step in a trace (12 weights, 12 gradients, 12
   local steps, 20 for the statistics, 6 for the hooks' read of the global
-  step...), then 9."""
+  step...), then 9, then 3."""
   assert crossing(1, True, 0) == {
-      ('ps0', 'worker0'): sorted([JOINED, STEP_END]),
+      ('ps0', 'worker0'): [STEP_END],
       ('worker0', 'ps0'): [PUSHED]}
 
 
 def test_a_synchronous_worker_sends_no_statistics():
-  """Not the chief: the same two tensors each way (its pack holds no
+  """Not the chief: the same tensor each way (its pack holds no
   statistics); the progress mark waits on the ps, not on the worker."""
   assert crossing(1, True, 1) == {
-      ('ps0', 'worker1'): sorted([JOINED, STEP_END]),
+      ('ps0', 'worker1'): [STEP_END],
       ('worker1', 'ps0'): [PUSHED]}
 
 
 def test_with_two_ps_each_gets_its_own_packs():
   """Each ps holds its own variables and parts of the big kernels (see
   placement): one pack each way for each, the statistics and the local
-  step inside each push; the step's end from ps 0 only, which waits for
-  ps 1's accumulators and statistics once (was 9 control edges: one from
-  each of its accumulators)."""
+  step inside each push; the step's end from ps 0 only (with ps 0's
+  weights), which waits for ps 1's accumulators and statistics once (was 9
+  control edges: one from each of its accumulators)."""
   assert crossing(2, True, 0) == {
-      ('ps0', 'worker0'): sorted([JOINED, STEP_END]),
+      ('ps0', 'worker0'): [STEP_END],
       ('ps1', 'worker0'): [JOINED],
       ('ps1', 'ps0'): ['^gradients_taken'],
       ('worker0', 'ps0'): [PUSHED],

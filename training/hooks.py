@@ -35,9 +35,8 @@ def events_writer(train_dir):
 
   Not FileWriterCache's, which writes the graph and its meta graph into
   every new file, at every start (beside CheckpointSaverHook's, with
-  shapes): here the graph is written once for each graph. A
-  FileWriter makes its file with its first event: a start that writes no
-  event (nothing to train) makes none.
+  shapes): here the graph is written once for each graph. A FileWriter
+  makes its file with its first event: a start with no event makes none.
   """
   if train_dir not in _EVENTS:
     _EVENTS[train_dir] = tf1.summary.FileWriter(train_dir)
@@ -47,19 +46,19 @@ def events_writer(train_dir):
 class SyncReplicasHook(tf1.train.SessionRunHook):
   """SyncReplicasOptimizer.make_session_run_hook(), with a clean end.
 
-  Runs the local init op, fills each ps's joined weights (ps_gradients)
-  and, on the chief, fills the token queue and runs the sync op in a
-  thread. The stock hook has the coordinator join that
-  thread, which at the end blocks in take_grad for gradients no worker
-  sends: close() waits its grace period, then the thread raises. Here the
-  thread ends with the session, and counts that and a lost ps (the training
-  loop recovers) as normal; an update that failed with no task lost is
-  said and run again; any other error goes to the coordinator.
+  Runs the local init op, fills each ps's joined weights and this worker's
+  copy of them (ps_gradients) and, on the chief, fills the token queue and
+  runs the sync op in a thread. The stock hook has the coordinator join
+  that thread, which at the end blocks in take_grad for gradients no worker
+  sends. Here the thread ends with the session, and counts that and a lost
+  ps (the training loop recovers) as normal; an update that failed with no
+  task lost is said and run again; any other error goes to the coordinator.
   """
 
   def __init__(self, opt, is_chief, global_step):
     self._is_chief = is_chief
-    self._fill = ps_gradients.fill_joined_weights(chief=is_chief)
+    self._fills = [ps_gradients.fill_joined_weights(chief=is_chief),
+                   ps_gradients.fill_pulled_weights()]
     if is_chief:
       self._local_init_op = opt.chief_init_op
       self._init_tokens_op = opt.get_init_tokens_op()
@@ -69,7 +68,8 @@ class SyncReplicasHook(tf1.train.SessionRunHook):
       self._local_init_op = opt.local_step_init_op
 
   def after_create_session(self, session, coord):
-    session.run([self._local_init_op, self._fill])
+    session.run([self._local_init_op, self._fills[0]])
+    session.run(self._fills[1])  # After both: its local step's weights.
     if self._is_chief:
       session.run(self._init_tokens_op)
       threading.Thread(target=self._run_sync_op, args=(session, coord),

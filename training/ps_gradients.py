@@ -18,6 +18,9 @@ them once, into a variable on that ps (joined_weights), which each step
 reads whole: the ps no longer reads and joins every weight for every
 worker's step. That variable is not saved: each session's start fills it
 (fill_joined_weights), the chief's always, after it restored the weights.
+A synchronous worker reads the global step's ps's joined weights as its
+step ends, with its token, and keeps them for its next step in a copy of
+its own (pulled_copy): the step asks that ps for nothing else.
 """
 
 import collections
@@ -31,6 +34,9 @@ ALIGN = 16  # float32s in 64 bytes, TensorFlow's (Eigen's) alignment.
 # A graph collection of (a ps's joined_weights variable, its weights in
 # their order there).
 JOINED_WEIGHTS = 'joined_weights'
+# A graph collection of (a worker's copy of a ps's joined weights, that
+# joined_weights variable).
+PULLED_WEIGHTS = 'pulled_weights'
 
 
 class PsVariables:
@@ -146,19 +152,49 @@ def _refresh(joined, weights):
                                     for v in weights], 0), read_value=False)
 
 
-def joined_weights(weights, device):
-  """The read of the joined_weights variable on device that holds exactly
-  weights (variable refs, in the pack's order), or None: the tensor a
-  worker's step pulls from that ps instead of joining them there."""
+def joined_variable(weights, device):
+  """The joined_weights variable on device that holds exactly weights
+  (variable refs, in the pack's order), or None: what a synchronous
+  worker's step pulls from that ps instead of its weights one by one."""
   for joined, held in tf1.get_collection(JOINED_WEIGHTS):
     if (tf.DeviceSpec.from_string(joined.device) ==
         tf.DeviceSpec.from_string(device) and
         [v.ref() for v in held] == list(weights)):
-      with tf1.device(joined.device):  # One op a step: a read, named.
-        return tf.raw_ops.ReadVariableOp(resource=joined.handle,
-                                         dtype=joined.dtype,
-                                         name='joined_weights')
+      return joined
   return None
+
+
+def read_joined(joined, name='joined_weights'):
+  """One read of a joined_weights variable, on its ps: one op, named."""
+  with tf1.device(joined.device):
+    return tf.raw_ops.ReadVariableOp(resource=joined.handle,
+                                     dtype=joined.dtype, name=name)
+
+
+def pulled_copy(joined, dtype, device):
+  """A variable on device (a worker) for joined's value as dtype, kept from
+  one step's end to the next step: a local variable (not saved), filled at
+  each session's start (fill_pulled_weights)."""
+  with tf1.device(device):
+    copy = tf1.Variable(tf.zeros(joined.shape, dtype), trainable=False,
+                        collections=[tf1.GraphKeys.LOCAL_VARIABLES],
+                        use_resource=True, name='pulled_weights')
+  tf1.add_to_collection(PULLED_WEIGHTS, (copy, joined))
+  return copy
+
+
+def fill_pulled_weights(after=()):
+  """An op that fills each pulled copy from its ps, after the ops after
+  (the token this worker takes): at a session's start, once the joined
+  weights are filled and the local step set; and when a worker set aside
+  takes a token again."""
+  fills = []
+  for copy, joined in tf1.get_collection(PULLED_WEIGHTS):
+    with tf.control_dependencies(after):
+      value = read_joined(joined, name='pulled_weights_fill')
+    with tf1.device(copy.device):
+      fills.append(copy.assign(tf.cast(value, copy.dtype), read_value=False))
+  return tf.group(*fills)
 
 
 def fill_joined_weights(*, chief):

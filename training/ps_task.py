@@ -1,4 +1,5 @@
-"""The ps task's life: serve the variables until the workers are done.
+"""The ps task's life: serve the variables until the workers are done; and
+the workers' side of that end (tell_cluster_done).
 
 The reference's ps blocked in server.join() forever. Here a ps serves until
 each worker has posted to its done queue (sync_protocol), or, once training
@@ -8,10 +9,13 @@ any worker has reached it, the workers whose ports take no connection
 (NoWorkerYet); at the end, the workers not done yet.
 """
 
+import sys
+import threading
 import time
 
 import tensorflow as tf
 
+from training import checkpoints
 from training import liveness
 from training import sync_protocol
 
@@ -52,7 +56,7 @@ def serve(server, *, cluster, task_index, config):
           flush=True)
   # The last worker may still be posting to the other ps tasks.
   wait_for_exit([w for i, w in enumerate(workers) if i not in late],
-                sync_protocol.DONE_TIMEOUT_SECS * (cluster.num_tasks('ps') - 1)
+                DONE_TIMEOUT_SECS * (cluster.num_tasks('ps') - 1)
                 + WORKERS_EXIT_SECS)
   return 0
 
@@ -132,3 +136,100 @@ def wait_for_exit(workers, secs):
   while (len(liveness.unreachable(workers, timeout=0.2)) < len(workers) and
          time.time() < deadline):
     time.sleep(0.05)
+
+
+# How long a worker at the end waits for each ps to take its done post.
+DONE_TIMEOUT_SECS = 10
+
+
+def tell_cluster_done(*, master, config, task_index, ps_hosts, global_step,
+                      close):
+  """Releases the other workers, tells each ps, reads the global step.
+
+  The chief of a synchronous run closes the token queue, so that workers
+  blocked waiting for a token stop instead of hanging. Every worker then
+  posts to each ps's done queue; a ps exits when all workers have posted.
+  One ps at a time, each in a session and a graph of its own (a session
+  waits, with no timeout, for every task its device filters name, and
+  places every op of its graph) bounded by DONE_TIMEOUT_SECS: a ps that is
+  lost or does not answer is named, and the others still hear.
+
+  Args:
+    master, config: This worker's session target and config.
+    task_index: This worker's index, which it posts.
+    ps_hosts: The ps tasks.
+    global_step: The training graph's global step (a resource variable,
+      read here through its name on its ps).
+    close: Whether to close the token queue (the synchronous chief).
+
+  Returns:
+    The global step, or None when its ps could not be reached. (A session
+    left waiting on a ps that does not answer is a daemon thread's: it
+    does not keep the process from exiting.)
+  """
+  step_ps = tf.DeviceSpec.from_string(global_step.device).task or 0
+  step = None
+  for i, host in enumerate(ps_hosts):
+    lost = liveness.unreachable([host])
+    if lost:
+      why = 'it cannot be reached (%s)' % lost[0][2]
+    else:
+      ops, read = [], None
+      with tf.Graph().as_default():  # The shared queue and step, by name.
+        if i == step_ps:
+          with tf.device(global_step.device):
+            read = tf1.get_variable(
+                global_step.op.name, [], global_step.dtype.base_dtype,
+                trainable=False, use_resource=True)
+          if close:
+            ops.append(sync_protocol.close_tokens(read))
+          ops.append(read.read_value().op)
+          read = ops[-1]
+        ops.append(sync_protocol.done_queue(i).enqueue(task_index))
+      why, results = _run_bounded(master, config, task_index, i, ops)
+      if read in results:
+        step = int(results[read])
+      if close and i == step_ps and ops[0] not in results:
+        print('Warning: could not release the workers waiting for a token '
+              'on ps %d: %s' % (i, why), file=sys.stderr, flush=True)
+      if ops[-1] in results:
+        continue
+    print('Warning: could not tell ps %d at %s that worker %d is done: %s; '
+          'it waits for that until it is stopped (Ctrl-C; the chief\'s '
+          'checkpoints hold the model)' % (i, host, task_index, why),
+          file=sys.stderr, flush=True)
+  return step
+
+
+def _run_bounded(master, config, task_index, ps_index, ops):
+  """Runs each of ops, in order, in a session of worker task_index that
+  sees only ps ps_index, for at most DONE_TIMEOUT_SECS in all.
+
+  Returns:
+    (why the first that failed did, or None; {op: its result} of those
+    that ran).
+  """
+  filtered = tf1.ConfigProto()
+  filtered.CopyFrom(config)
+  del filtered.device_filters[:]
+  filtered.device_filters.extend(['/job:ps/task:%d' % ps_index,
+                                  '/job:worker/task:%d' % task_index])
+  results, errors = {}, []
+
+  def run():
+    try:
+      with tf1.Session(master, graph=ops[0].graph, config=filtered) as sess:
+        for op in ops:
+          try:
+            results[op] = sess.run(op.outputs[0] if op.outputs else op)
+          except tf.errors.OpError as e:
+            errors.append(checkpoints.first_line(e))
+    except Exception as e:  # pylint: disable=broad-except
+      errors.append('%s: %s' % (type(e).__name__, checkpoints.first_line(e)))
+
+  thread = threading.Thread(target=run, daemon=True, name='done_%d' % ps_index)
+  thread.start()
+  thread.join(DONE_TIMEOUT_SECS)
+  if thread.is_alive():
+    return 'it did not answer in %d s' % DONE_TIMEOUT_SECS, dict(results)
+  return (errors[0] if errors else None), results

@@ -2,7 +2,8 @@
 filters, and --mixed_precision's graph rewrite.
 
 The reference's processes each grabbed every GPU and every core. Here a ps
-sees no GPU, a worker only its own, and workers on one host share its cores.
+sees no GPU, a worker only its own, and the tasks on one host share its
+cores (no more than a container's CPU quota allows).
 """
 
 import os
@@ -14,6 +15,54 @@ from training.cluster_config import UsageError
 tf1 = tf.compat.v1
 
 
+def usable_cores():
+  """The cores this process may use: those it may run on, and no more than
+  its cgroup's CPU quota (a container's limit), which TensorFlow ignores."""
+  cores = len(os.sched_getaffinity(0))
+  try:
+    with open('/proc/self/cgroup') as f:
+      groups = [line.rstrip('\n').split(':', 2) for line in f]
+  except OSError:
+    return cores
+  for _, controllers, path in groups:
+    if controllers in ('', 'cpu') or 'cpu' in controllers.split(','):
+      v2 = controllers == ''
+      root = '/sys/fs/cgroup' if v2 else '/sys/fs/cgroup/cpu'
+      while True:  # The group and each one above it.
+        cores = min(cores, _quota(os.path.join(root, path.lstrip('/')), v2))
+        if path in ('', '/'):
+          break
+        path = os.path.dirname(path)
+  return max(1, cores)
+
+
+def _quota(group, v2):
+  """The cores a cgroup's quota allows, rounded up (inf: none, or none
+  readable)."""
+  try:
+    if v2:
+      with open(os.path.join(group, 'cpu.max')) as f:
+        quota, period = f.read().split()
+    else:
+      with open(os.path.join(group, 'cpu.cfs_quota_us')) as f:
+        quota = f.read().strip()
+      with open(os.path.join(group, 'cpu.cfs_period_us')) as f:
+        period = f.read().strip()
+    if quota in ('max', '-1'):
+      return float('inf')
+    return -(-int(quota) // int(period))
+  except (OSError, ValueError):
+    return float('inf')
+
+
+def share_of_host(hosts, task):
+  """The cores a task may use shared by the tasks on its host (hosts, each
+  'name:port', by name): at least 1."""
+  host = task.rpartition(':')[0]
+  return max(1, usable_cores() // sum(
+      1 for h in hosts if h.rpartition(':')[0] == host))
+
+
 def intra_op_threads(worker_hosts, task_index):
   """Returns the intra-op threads for a worker: its share of the cores.
 
@@ -22,14 +71,25 @@ def intra_op_threads(worker_hosts, task_index):
   other: measured, 1 ps + 2 workers reached 0.82x the images/s of one
   process with 2 threads each and 0.99x with 1 thread each.
   """
-  host = worker_hosts[task_index].rpartition(':')[0]
-  on_host = sum(1 for h in worker_hosts if h.rpartition(':')[0] == host)
-  return max(1, len(os.sched_getaffinity(0)) // on_host)
+  return share_of_host(worker_hosts, worker_hosts[task_index])
+
+
+def ps_threads(ps_hosts, worker_hosts, task_index):
+  """Returns a ps's inter-op and intra-op threads: its share of the cores.
+
+  A ps runs small ops for every worker's step (the queues, the sums of the
+  gradients, the update of at most the model's bytes), where a hand-off
+  between threads costs more than the op: a pool of all the host's cores
+  beside the workers on it, or over a container's quota, spends the ps's
+  CPU switching threads (docs/performance.md, "ps 0's CPU a worker's step").
+  A ps on a machine of its own keeps every core.
+  """
+  return share_of_host(ps_hosts + worker_hosts, ps_hosts[task_index])
 
 
 def session_config(job_name, task_index, worker_hosts=None, num_gpus=0,
                    threads=0, log_device_placement=False,
-                   compute_dtype=None):
+                   compute_dtype=None, ps_hosts=None):
   """Returns the ConfigProto for this task's server and sessions.
 
   A ps task and every task of a num_gpus=0 run hide the GPUs, so they never
@@ -43,14 +103,14 @@ def session_config(job_name, task_index, worker_hosts=None, num_gpus=0,
     worker_hosts: The workers of the cluster; None for a single process.
     num_gpus: --num_gpus.
     threads: A worker's intra-op threads; 0: intra_op_threads().
+    ps_hosts: A ps's cluster, for its threads (ps_threads()); None: none.
     log_device_placement: --log_device_placement.
     compute_dtype: What --mixed_precision computes in (see
-      precision.compute_dtype()):
-      TensorFlow's graph rewrite, which computes the convolutions, matrix
-      products and their gradients in it and keeps the variables, their
-      updates and the BatchNorm statistics in float32 (a worker's grappler
-      rewrites the graph it runs, ps side included, so only the workers
-      need it). None: float32.
+      precision.compute_dtype()): TensorFlow's graph rewrite, which
+      computes the convolutions, matrix products and their gradients in it
+      and keeps the variables, their updates and the BatchNorm statistics
+      in float32 (a worker's grappler rewrites the graph it runs, ps side
+      included, so only the workers need it). None: float32.
   """
   config = tf1.ConfigProto(allow_soft_placement=True,
                            log_device_placement=log_device_placement)
@@ -73,6 +133,10 @@ def session_config(job_name, task_index, worker_hosts=None, num_gpus=0,
   if job_name == 'worker' and clustered:
     config.intra_op_parallelism_threads = threads or intra_op_threads(
         worker_hosts, task_index)
+  if job_name == 'ps' and ps_hosts:
+    config.inter_op_parallelism_threads = pools = ps_threads(
+        ps_hosts, worker_hosts or [], task_index)
+    config.intra_op_parallelism_threads = pools
   if job_name == 'worker' and num_gpus > 0:
     config.gpu_options.allow_growth = True
     config.gpu_options.visible_device_list = str(task_index % num_gpus)

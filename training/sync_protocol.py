@@ -4,18 +4,14 @@ SyncReplicasOptimizer's token queue and gradient accumulators, by the
 shared names it gives them; the join queues (a worker says on ps 0 that it
 joined) and the done queues (a worker tells each ps it is done). This is
 the only module that names them: each is built once per graph, and the
-others get functions (sizes, refill, tell done, close).
+others get functions (sizes, refill, done, close).
 """
 
 import collections
-import sys
-import threading
 import weakref
 
 import tensorflow as tf
 
-from training import checkpoints
-from training import liveness
 from training import ps_gradients
 
 tf1 = tf.compat.v1
@@ -189,6 +185,11 @@ def step_end(global_step, worker):
   return token, step
 
 
+def is_step_end(op):
+  """Whether op is step_end()'s tensor, on the global step's ps."""
+  return op.type == 'Pack' and op.name.split('/')[-1].startswith('step_end')
+
+
 def aside_seen(global_step, worker):
   """A tensor to fetch with each training step: 1 once the chief has set
   worker aside. Where step_end() built the step, the step's own read back
@@ -261,9 +262,12 @@ def give_back_own_token(global_step):
 
 
 def take_token(global_step):
-  """An op: this worker, taken back, waits for a token and holds it."""
-  return _once('take', lambda: local_step().assign(
-      token_queue(global_step).dequeue()))
+  """An op: this worker, taken back, waits for a token and holds it, and
+  the weights after that token's update (its next step's)."""
+  def build():
+    take = local_step().assign(token_queue(global_step).dequeue())
+    return tf.group(take, ps_gradients.fill_pulled_weights(after=[take]))
+  return _once('take', build)
 
 
 def join_queues(num_workers):
@@ -298,100 +302,3 @@ def done_queue(ps_index):
                            shared_name='done_queue_%d' % ps_index,
                            name='done_queue_%d' % ps_index)
   return _once('done_%d' % ps_index, build)
-
-
-# How long a worker at the end waits for each ps to take its done post.
-DONE_TIMEOUT_SECS = 10
-
-
-def tell_cluster_done(*, master, config, task_index, ps_hosts, global_step,
-                      close):
-  """Releases the other workers, tells each ps, reads the global step.
-
-  The chief of a synchronous run closes the token queue, so that workers
-  blocked waiting for a token stop instead of hanging. Every worker then
-  posts to each ps's done queue; a ps exits when all workers have posted.
-  One ps at a time, each in a session and a graph of its own (a session
-  waits, with no timeout, for every task its device filters name, and
-  places every op of its graph) bounded by DONE_TIMEOUT_SECS: a ps that is
-  lost or does not answer is named, and the others still hear.
-
-  Args:
-    master, config: This worker's session target and config.
-    task_index: This worker's index, which it posts.
-    ps_hosts: The ps tasks.
-    global_step: The training graph's global step (a resource variable,
-      read here through its name on its ps).
-    close: Whether to close the token queue (the synchronous chief).
-
-  Returns:
-    The global step, or None when its ps could not be reached. (A session
-    left waiting on a ps that does not answer is a daemon thread's: it
-    does not keep the process from exiting.)
-  """
-  step_ps = tf.DeviceSpec.from_string(global_step.device).task or 0
-  step = None
-  for i, host in enumerate(ps_hosts):
-    lost = liveness.unreachable([host])
-    if lost:
-      why = 'it cannot be reached (%s)' % lost[0][2]
-    else:
-      ops, read = [], None
-      with tf.Graph().as_default():  # The shared queue and step, by name.
-        if i == step_ps:
-          with tf.device(global_step.device):
-            read = tf1.get_variable(
-                global_step.op.name, [], global_step.dtype.base_dtype,
-                trainable=False, use_resource=True)
-          if close:
-            ops.append(close_tokens(read))
-          ops.append(read.read_value().op)
-          read = ops[-1]
-        ops.append(done_queue(i).enqueue(task_index))
-      why, results = _run_bounded(master, config, task_index, i, ops)
-      if read in results:
-        step = int(results[read])
-      if close and i == step_ps and ops[0] not in results:
-        print('Warning: could not release the workers waiting for a token '
-              'on ps %d: %s' % (i, why), file=sys.stderr, flush=True)
-      if ops[-1] in results:
-        continue
-    print('Warning: could not tell ps %d at %s that worker %d is done: %s; '
-          'it waits for that until it is stopped (Ctrl-C; the chief\'s '
-          'checkpoints hold the model)' % (i, host, task_index, why),
-          file=sys.stderr, flush=True)
-  return step
-
-
-def _run_bounded(master, config, task_index, ps_index, ops):
-  """Runs each of ops, in order, in a session of worker task_index that
-  sees only ps ps_index, for at most DONE_TIMEOUT_SECS in all.
-
-  Returns:
-    (why the first that failed did, or None; {op: its result} of those
-    that ran).
-  """
-  filtered = tf1.ConfigProto()
-  filtered.CopyFrom(config)
-  del filtered.device_filters[:]
-  filtered.device_filters.extend(['/job:ps/task:%d' % ps_index,
-                                  '/job:worker/task:%d' % task_index])
-  results, errors = {}, []
-
-  def run():
-    try:
-      with tf1.Session(master, graph=ops[0].graph, config=filtered) as sess:
-        for op in ops:
-          try:
-            results[op] = sess.run(op.outputs[0] if op.outputs else op)
-          except tf.errors.OpError as e:
-            errors.append(checkpoints.first_line(e))
-    except Exception as e:  # pylint: disable=broad-except
-      errors.append('%s: %s' % (type(e).__name__, checkpoints.first_line(e)))
-
-  thread = threading.Thread(target=run, daemon=True, name='done_%d' % ps_index)
-  thread.start()
-  thread.join(DONE_TIMEOUT_SECS)
-  if thread.is_alive():
-    return 'it did not answer in %d s' % DONE_TIMEOUT_SECS, dict(results)
-  return (errors[0] if errors else None), results

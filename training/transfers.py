@@ -25,6 +25,10 @@ from training import tf_compat
 
 tf1 = tf.compat.v1
 
+# A graph collection: the ops that end a synchronous step
+# (read_back_once's train op and the read of the global step after it).
+STEP_DONE = 'step_done'
+
 
 def pack(*, fetches, gradients, statistics, transfer_dtype, sync):
   """Packs what a worker's training step sends; call once, after the whole
@@ -64,8 +68,12 @@ def pack(*, fetches, gradients, statistics, transfer_dtype, sync):
                      []).extend((t, edges, cast, key) for key, (t, edges) in
                                 by_key.items())
   for link, pieces in links.items():
+    joined = _joined_weights(pieces, link[0]) if sync else None
+    kept = None if joined is None else _kept_from_step_end(
+        joined, pieces, dest=link[1])
     send_packed([p[:3] for p in pieces], source=link[0], dest=link[1],
-                joined=_joined_weights(pieces, link[0]) if sync else None)
+                joined=None if joined is None or kept is not None else
+                ps_gradients.read_joined(joined), received=kept)
   if sync:
     _group_token_waits(tf1.get_default_graph())
 
@@ -114,7 +122,11 @@ def read_back_once(*, global_step, worker, update, statistics, mark):
   # Not tf.group: it would put the op where the assign's device string
   # says (the global step's ps), not beside the local step it assigns.
   with tf1.device(_device(update)), tf.control_dependencies([update]):
-    return tf.no_op(name='train_op'), tf.identity(step, name='step_after')
+    train_op, after = tf.no_op(name='train_op'), tf.identity(
+        step, name='step_after')
+  tf1.add_to_collection(STEP_DONE, train_op)
+  tf1.add_to_collection(STEP_DONE, after.op)
+  return train_op, after
 
 
 def _joined_weights(pieces, source):
@@ -122,7 +134,56 @@ def _joined_weights(pieces, source):
   chief's update joins them into (ps_gradients), or None."""
   ordered = ps_gradients.largest_first(
       pieces, lambda p: p[0].shape.num_elements())
-  return ps_gradients.joined_weights([p[3] for p in ordered], source)
+  return ps_gradients.joined_variable([p[3] for p in ordered], source)
+
+
+def _kept_from_step_end(joined, pieces, *, dest):
+  """The weights of the global step's ps for a synchronous step, read there
+  once the step before took its token and sent back with it, inside the
+  step's end (read_back_once): the step asks that ps for nothing else.
+
+  On ps 0 the joined weights (as the wire's dtype) and the step's end (its
+  bits) are joined into one tensor; the worker splits it, keeps the weights
+  in a copy of its own (ps_gradients.pulled_copy) for its next step and
+  passes the step's end on. Returns the copy's read on dest (a step's
+  weights), or None where joined is not on the global step's ps.
+  """
+  graph = tf1.get_default_graph()
+  end = next((op for op in graph.get_operations()
+              if sync_protocol.is_step_end(op)), None)
+  if end is None or _task(_device(end)) != _task(joined.device):
+    return None
+  dequeue = next(op for op in graph.get_operations()
+                 if sync_protocol.is_token_dequeue(op))
+  wire = pieces[0][2] or pieces[0][0].dtype
+  size = joined.shape.num_elements()
+  with tf1.device(_device(end)):
+    with tf.control_dependencies([dequeue]):  # The weights of its token.
+      weights = ps_gradients.read_joined(joined)
+    bits = tf.reshape(tf.bitcast(end.outputs[0], wire), [-1])
+    both = tf.concat([tf.cast(weights, wire), bits], 0,
+                     name='step_end_weights')
+  with tf1.device(dest):
+    copy = ps_gradients.pulled_copy(joined, wire, dest)
+    kept = copy.read_value()
+    # Kept once this step's weights are read.
+    with tf.control_dependencies([kept.op]):
+      keep = copy.assign(tf.slice(both, [0], [size]), read_value=False)
+    values = tf.bitcast(tf.reshape(tf.slice(both, [size], bits.shape), [
+        -1, tf.int64.size // wire.size]), tf.int64)
+  for op in graph.get_operations():
+    if op is not both.op and _task(_device(op)) != _task(_device(end)):
+      for index, tensor in enumerate(op.inputs):
+        if tensor is end.outputs[0]:
+          # Private: Operation._update_input, as in send_packed. If it
+          # goes, this raises AttributeError; --nopack_transfers runs
+          # without.
+          op._update_input(index, values)  # pylint: disable=protected-access
+  for op in tf1.get_collection(STEP_DONE):
+    # Private: Operation._add_control_inputs, as in _group_token_waits. If
+    # it goes, this raises AttributeError; --nopack_transfers runs without.
+    op._add_control_inputs([keep])  # pylint: disable=protected-access
+  return kept
 
 
 def _ops_run_by(fetches):
@@ -193,7 +254,8 @@ def _add_crossings(groups, tensors, key, cast, consumers):
       group.setdefault(key, (tensor, []))[1].append((op, index))
 
 
-def send_packed(pieces, *, source, dest, cast=None, joined=None):
+def send_packed(pieces, *, source, dest, cast=None, joined=None,
+                received=None):
   """Sends tensors from one device to another as one tensor: flattened and
   joined on source, split and reshaped on dest, where each consumer's input
   is rewired to its piece.
@@ -208,6 +270,7 @@ def send_packed(pieces, *, source, dest, cast=None, joined=None):
     cast: A dtype to cross as (cast back after the split), or None.
     joined: The pieces already joined on source, in the pack's order (a
       tensor), or None.
+    received: The pack already on dest (nothing crosses here), or None.
   """
   pieces = [tuple(p) if len(p) == 3 else (p[0], p[1], cast) for p in pieces]
   # The largest first: it starts the pack on 64 bytes (see the split).
@@ -223,7 +286,8 @@ def send_packed(pieces, *, source, dest, cast=None, joined=None):
     send_packed(apart, source=source, dest=dest)
     pieces = [p for p, d in zip(pieces, crossing) if d.size >= wire.size]
   with tf1.device(source):
-    sent = _joined_on_source(pieces, wire, joined)
+    sent = [received] if received is not None else _joined_on_source(
+        pieces, wire, joined)
   with tf1.device(dest):
     sizes = [(c or t.dtype).size // wire.size * t.shape.num_elements()
              for t, _, c in pieces]
