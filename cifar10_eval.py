@@ -23,9 +23,10 @@ import time
 
 import tensorflow as tf
 
-from training import checkpoints
-from training import data_layout
-from training import run_records
+from training.runtime import log_filter
+from training.storage import checkpoints
+from training.storage import data_layout
+from training.storage import records
 import cifar10_input
 import cifar10_model
 
@@ -127,7 +128,7 @@ def test_set_line(data_dir, train_dir):
       os.path.join(data_dir, data_layout.TEST_FILE),
       data_layout.num_records(data_dir, True), data_layout.kind(data_dir))
   try:
-    with open(os.path.join(train_dir, run_records.DATA_RECORD)) as f:
+    with open(os.path.join(train_dir, records.DATA_RECORD)) as f:
       trained = json.load(f)
     if trained['data_dir'] != data_dir:
       line += '; the chief trains on %s' % data_layout.describe(trained)
@@ -245,7 +246,7 @@ def evaluate_new(checkpoint, fetches, savers, local_init, config):
   except (tf.errors.OutOfRangeError, tf.errors.DataLossError) as e:
     # Truncated or corrupted (a crash or a full disk mid-write): the next
     # checkpoint may be fine. Nothing is deleted.
-    skip(checkpoint, checkpoints.first_line(e))
+    skip(checkpoint, log_filter.first_line(e))
     return None
 
 

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 # The data files' layout and validation live in data_layout, which does not
 # import TensorFlow (the downloader uses them); they are re-exported here.
-from training.data_layout import (  # pylint: disable=unused-import
+from training.storage.data_layout import (  # pylint: disable=unused-import
     DataError, IMAGE_BYTES, META_FILE, NUM_CLASSES, RECORD_BYTES, TEST_FILE,
     TRAIN_PATTERN, check_data, cifar_depth, cifar_height, cifar_label_bytes,
     cifar_width, count_records, data_files, num_classes, num_records)

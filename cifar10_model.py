@@ -13,7 +13,7 @@ import warnings
 import tensorflow as tf
 
 import cifar10_input
-from training import tf_compat
+from training.runtime import tf_compat
 
 tf_compat.tf_slim_compat()  # Before tf-slim is imported.
 import tf_slim as slim  # pylint: disable=g-import-not-at-top

@@ -30,10 +30,10 @@ import signal
 import sys
 import time
 
-from training import process
+from training.runtime import process
 
 if __name__ == '__main__':
-  process.start()  # Before TensorFlow loads: see training/process.py.
+  process.start()  # Before TensorFlow loads: see training/runtime/process.py.
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
@@ -44,20 +44,20 @@ import cifar10_input
 import cifar10_model
 import train_flags
 import train_graph
-from training import checkpoints
-from training import chief_start
-from training import cluster_config
-from training import data_layout
-from training import learning_rate
-from training import liveness
-from training import precision
-from training import progress
-from training import ps_task
-from training import session
-from training import session_config
-from training import versions
-from training import worker_hooks
-from training.hooks import StopOnSignalHook, events_writer
+from training.cluster import cluster_config
+from training.cluster import session_config
+from training.graph import learning_rate
+from training.graph import precision
+from training.health import liveness
+from training.health import run_end
+from training.runtime import progress
+from training.runtime import versions
+from training.session import chief_start
+from training.session import creator
+from training.session import hook_order
+from training.session.hooks import StopOnSignalHook, events_writer
+from training.storage import checkpoints
+from training.storage import data_layout
 
 tf1 = tf.compat.v1
 
@@ -85,7 +85,7 @@ def main(_):
           'ps', task.task_index, task.worker_hosts, ps_hosts=task.ps_hosts)
       server = start_server(cluster, 'ps', task.task_index, config)
       # The reference's server.join(), which never returned.
-      status = ps_task.serve(server, cluster=cluster,
+      status = run_end.serve(server, cluster=cluster,
                              task_index=task.task_index, config=config)
     elif task.job_name == 'evaluator':
       StopOnSignalHook('Evaluator')
@@ -211,7 +211,7 @@ def train_worker(task, cluster):
           'restart.' % train_dir, file=sys.stderr)
     return 1
   finally:  # The step on the ps, or else the last this worker saw.
-    final_step = None if cluster is None else ps_task.tell_cluster_done(
+    final_step = None if cluster is None else run_end.tell_cluster_done(
         master=master, config=config, task_index=index,
         ps_hosts=task.ps_hosts, global_step=graph.global_step,
         close=sync and is_chief)
@@ -259,7 +259,7 @@ def session_parts(task, cluster, graph, master, config, train_dir):
       FLAGS.max_steps, len(task.ps_hosts), graph.schedule, shadows,
       standardize=FLAGS.standardize) if is_chief else None)
   scaffold = train_graph.scaffold(graph)
-  hooks = worker_hooks.in_order(
+  hooks = hook_order.in_order(
       graph=graph, scaffold=scaffold, train_dir=train_dir, task=task,
       single_process=cluster is None, max_steps=FLAGS.max_steps,
       save_checkpoint_steps=FLAGS.save_checkpoint_steps,
@@ -267,7 +267,7 @@ def session_parts(task, cluster, graph, master, config, train_dir):
       replicas=FLAGS.replicas_to_aggregate or len(task.worker_hosts),
       trace_steps=[int(s) for s in FLAGS.trace_steps],
       set_aside=FLAGS.set_aside)
-  return session.SessionCreator(scaffold, master, config, task, train_dir,
+  return creator.SessionCreator(scaffold, master, config, task, train_dir,
                                 resume, shadows), hooks
 
 
@@ -287,7 +287,7 @@ def run_loop(sess, graph, *, is_chief, train_dir):
   start = time.time()
   left = TimeLeft(FLAGS.max_steps)
   while not sess.should_stop():
-    step, loss_value, accuracy_value = session.run_step(
+    step, loss_value, accuracy_value = creator.run_step(
         sess, [graph.step_after, graph.loss, graph.accuracy])
     local_step += 1
     if local_step == 1:

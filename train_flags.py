@@ -14,7 +14,7 @@ from absl import flags
 
 import cifar10_input
 import cifar10_model
-from training import learning_rate
+from training.graph import learning_rate
 
 FLAGS = flags.FLAGS
 

@@ -14,12 +14,12 @@ import functools
 import tensorflow as tf
 
 import cifar10_model
-from training import learning_rate
-from training import placement
-from training import ps_gradients
-from training import precision
-from training import sync_protocol
-from training import transfers
+from training.graph import learning_rate
+from training.graph import placement
+from training.graph import precision
+from training.graph import ps_gradients
+from training.graph import sync_protocol
+from training.graph import transfers
 
 tf1 = tf.compat.v1
 

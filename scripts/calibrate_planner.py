@@ -5,7 +5,7 @@
   python3 scripts/plan_cluster.py --constants=constants.json --step_ms=45 \\
       --num_workers=32 --link_gbit=10 --worker_cores=16 --ps_cores=16
 
-The planner counts the CPU of a step's RPCs (training/throughput.py):
+The planner counts the CPU of a step's RPCs (training/cluster/planner_model.py):
 a worker's for a synchronous or an asynchronous step and for each ps it
 talks to, and ps 0's for a worker's synchronous step, an update and an
 asynchronous step. Its shipped values were fitted on one CPU and are 20-28%
@@ -37,8 +37,8 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from training import ports  # pylint: disable=g-import-not-at-top,wrong-import-position
-from training import progress  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.cluster import ports  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.runtime import progress  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 TRAINER = os.path.join(ROOT, 'train_distributed.py')
 TICKS = os.sysconf('SC_CLK_TCK')
@@ -131,7 +131,7 @@ def one_run(*, num_ps, workers, sync, args, work):
 
 
 def constants(runs):
-  """training/throughput.py's CPU constants, core-ms, from the runs' {task:
+  """training/cluster/planner_model.py's CPU constants, core-ms, from the runs' {task:
   CPU ms a global step} (see the module's docstring); a difference the
   noise made negative is 0."""
   a, b, c, d, e = (runs[name] for name, _, _, _ in RUNS)

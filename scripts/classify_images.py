@@ -20,7 +20,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from training import process  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.runtime import process  # pylint: disable=g-import-not-at-top,wrong-import-position
 if __name__ == '__main__':
   process.start()  # Before TensorFlow loads.
 

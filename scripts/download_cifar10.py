@@ -40,8 +40,9 @@ sys.path.insert(0, ROOT)
 
 # Not cifar10_input: it imports TensorFlow, whose start-up log lines would
 # come before our one line.
-from training import data_layout  # pylint: disable=g-import-not-at-top,wrong-import-position
-from training import fetch  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.storage import data_layout  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.storage import resumable_download  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.storage.resumable_download import DownloadError  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 URL = 'https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz'
 MD5 = 'c32a1d4ab5d03f1284b67883e8d87530'
@@ -94,7 +95,7 @@ def unpack(archive, data_dir, url, keep=False):
   try:
     work = tempfile.mkdtemp(prefix='.cifar10-download-', dir=parent)
   except OSError as e:
-    raise fetch.DownloadError('cannot unpack into %s: %s: choose another '
+    raise DownloadError('cannot unpack into %s: %s: choose another '
                               '--data_dir' % (parent, e.strerror or e))
   try:
     try:
@@ -107,7 +108,7 @@ def unpack(archive, data_dir, url, keep=False):
     except OSError as e:
       if e.errno is None:  # tarfile's own errors about the bytes.
         raise bad_archive(archive, url, keep, 'a valid tar.gz (%s)' % e)
-      raise fetch.DownloadError(
+      raise DownloadError(
           'cannot unpack %s into %s: %s: free some space and run again (the '
           'checked download stays in %s)' % (archive, parent,
                                              e.strerror or e, archive))
@@ -124,10 +125,10 @@ def bad_archive(archive, url, keep, what):
   """Deletes archive unless keep; the DownloadError that says it is not
   what."""
   if keep:
-    return fetch.DownloadError('%s is not %s: check --url and --md5' % (
+    return DownloadError('%s is not %s: check --url and --md5' % (
         archive, what))
   os.remove(archive)
-  return fetch.DownloadError('the archive from %s is not %s; %s is deleted: '
+  return DownloadError('the archive from %s is not %s; %s is deleted: '
                              'check --url and --md5' % (url, what, archive))
 
 
@@ -145,7 +146,7 @@ def move_into_place(unpacked, data_dir):
     # another one got there first, all is well.
     if is_valid(data_dir):
       return False
-    raise fetch.DownloadError('cannot move the data to %s: %s' %
+    raise DownloadError('cannot move the data to %s: %s' %
                               (data_dir, e))
   return True
 
@@ -154,51 +155,52 @@ def download(data_dir, url=URL, md5=MD5, timeout=60, state=None, out=None):
   """Makes data_dir hold CIFAR-10; returns False when it already did.
 
   Raises:
-    fetch.DownloadError: with one line saying what went wrong; --data_dir is
+    DownloadError: with one line saying what went wrong; --data_dir is
       left as it was, and a resumable download stays in its .part file.
     KeyboardInterrupt: likewise.
   """
   out = out or sys.stdout
-  state = state or fetch.State(fetch.part_path(data_dir))
+  state = state or resumable_download.State(
+      resumable_download.part_path(data_dir))
   if is_valid(data_dir):
-    fetch.remove_stale(state.path)
+    resumable_download.remove_stale(state.path)
     return False
   if os.path.exists(data_dir) and (not os.path.isdir(data_dir) or
                                    os.listdir(data_dir)):
     if is_valid(data_dir):  # Another process put it there just now.
       return False
-    raise fetch.DownloadError(
+    raise DownloadError(
         '%s exists but does not hold valid CIFAR-10 data; move it away or '
         'choose another --data_dir' % data_dir)
-  path = fetch.local_path(url)
+  path = resumable_download.local_path(url)
   if path is not None:
     return from_file(os.path.expanduser(path), data_dir, md5, out)
   try:
     os.makedirs(os.path.dirname(os.path.abspath(data_dir)), exist_ok=True)
-    part = fetch.lock(state.path, out)
+    part = resumable_download.lock(state.path, out)
   except OSError as e:
-    raise fetch.DownloadError('cannot write %s: %s: choose another '
+    raise DownloadError('cannot write %s: %s: choose another '
                               '--data_dir' % (state.path, e.strerror or e))
   finished = False  # Then the .part file goes.
   try:
     if is_valid(data_dir):  # Another process finished while we waited.
       finished = True
       return False
-    got = fetch.fetch(url, part, state, timeout, out)
+    got = resumable_download.fetch(url, part, state, timeout, out)
     if got != md5.lower():
       finished = True
-      raise fetch.DownloadError(
+      raise DownloadError(
           '%s has MD5 %s, expected %s: the download is corrupt or not the '
           'CIFAR-10 binary version; %s is deleted%s: check --url and --md5' %
           (url, got, md5, state.path,
-           ' (%s of it came from an earlier run)' % fetch.size(state.start)
-           if state.start else ''))
+           ' (%s of it came from an earlier run)' %
+           resumable_download.size(state.start) if state.start else ''))
     state.checked = True
     moved = unpack(state.path, data_dir, url)
     finished = True
     return moved
   finally:
-    fetch.release(part, state.path, delete=finished)
+    resumable_download.release(part, state.path, delete=finished)
 
 
 def from_file(path, data_dir, md5, out):
@@ -206,16 +208,16 @@ def from_file(path, data_dir, md5, out):
   nothing downloaded, and the file is left as it is, whatever it holds."""
   try:
     with open(path, 'rb') as f:
-      print('Checking %s (%s)' % (path, fetch.size(os.fstat(
+      print('Checking %s (%s)' % (path, resumable_download.size(os.fstat(
           f.fileno()).st_size)), file=out, flush=True)
-      got = fetch.hash_file(f).hexdigest()
+      got = resumable_download.hash_file(f).hexdigest()
   except OSError as e:
-    raise fetch.DownloadError(
+    raise DownloadError(
         'cannot read %s: %s: pass --url=PATH of a cifar-10-binary.tar.gz on '
         'this machine, or the URL to download it from' % (
             path, e.strerror or e))
   if got != md5.lower():
-    raise fetch.DownloadError(
+    raise DownloadError(
         '%s has MD5 %s, expected %s: it is damaged or not the CIFAR-10 binary '
         'version (cifar-10-binary.tar.gz): check --url and --md5' % (
             path, got, md5))
@@ -223,7 +225,7 @@ def from_file(path, data_dir, md5, out):
   try:
     os.makedirs(parent, exist_ok=True)
   except OSError as e:
-    raise fetch.DownloadError('cannot make %s: %s: choose another --data_dir'
+    raise DownloadError('cannot make %s: %s: choose another --data_dir'
                               % (parent, e.strerror or e))
   return unpack(path, data_dir, path, keep=True)
 
@@ -235,7 +237,8 @@ def interrupted_line(state):
             'command again to unpack it' % state.path)
   if not state.done or not os.path.exists(state.path):
     return 'Interrupted: nothing downloaded yet'
-  return 'Interrupted: %s; %s' % (fetch.kept(state), fetch.RESUME)
+  return 'Interrupted: %s; %s' % (resumable_download.kept(state),
+                                  resumable_download.RESUME)
 
 
 def on_sigterm(signum, frame):
@@ -250,7 +253,7 @@ def main(argv=None):
   parser.add_argument('--data_dir', default='./cifar-10-batches-bin',
                       help='where the files go (default: %%(default)s); the '
                       'download is kept in DATA_DIR%s until checked' %
-                      fetch.PART_SUFFIX)
+                      resumable_download.PART_SUFFIX)
   parser.add_argument('--url', default=URL, help='where to download it '
                       'from, or the path (or file:// URL) of the tarball '
                       'already on this machine (default: %(default)s)')
@@ -263,7 +266,7 @@ def main(argv=None):
                       help='seconds without data before giving up '
                       '(default: %(default)s)')
   args = parser.parse_args(argv)
-  state = fetch.State(fetch.part_path(args.data_dir))
+  state = resumable_download.State(resumable_download.part_path(args.data_dir))
   # Only the main thread may handle signals (not a test's other thread).
   main_thread = threading.current_thread() is threading.main_thread()
   previous = signal.signal(signal.SIGTERM, on_sigterm) if main_thread else None
@@ -272,7 +275,7 @@ def main(argv=None):
       print('CIFAR-10 is in %s' % args.data_dir)
     else:
       print('%s already holds CIFAR-10; nothing to do' % args.data_dir)
-  except (fetch.DownloadError, OSError) as e:  # OSError: one not foreseen.
+  except (DownloadError, OSError) as e:  # OSError: one not foreseen.
     line = re.sub(r'\s*\n\s*', '; ', str(e).strip())
     if args.env_names:
       line = re.sub(r'--(url|md5)\b', lambda m: 'CIFAR10_' +

@@ -31,7 +31,8 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from training import process  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.runtime import log_filter  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.runtime import process  # pylint: disable=g-import-not-at-top,wrong-import-position
 if __name__ == '__main__':
   process.start()  # Before TensorFlow loads.
 
@@ -40,8 +41,8 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-posi
 import cifar10_eval  # pylint: disable=g-import-not-at-top,wrong-import-position
 import cifar10_input  # pylint: disable=g-import-not-at-top,wrong-import-position
 import cifar10_model  # pylint: disable=g-import-not-at-top,wrong-import-position
-from training import checkpoints  # pylint: disable=g-import-not-at-top,wrong-import-position
-from training import export_record  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.storage import checkpoints  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.storage import records  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 tf1 = tf.compat.v1
 
@@ -91,7 +92,7 @@ def preprocessing(train_dir, standardize, class_names):
     ExportError: for a train_dir without the record (an earlier release)
       and without both flags.
   """
-  record = export_record.read(train_dir) or {}
+  record = records.read_export(train_dir) or {}
   if standardize is None:
     standardize = record.get('standardize')
   if class_names is None:
@@ -101,7 +102,7 @@ def preprocessing(train_dir, standardize, class_names):
         '%s has no %s (an earlier release trained it): pass --standardize '
         '(the trainer\'s default) or --nostandardize, as it trained, and '
         '--class_names=NAME,NAME,... in the order of its data\'s %s' % (
-            os.path.abspath(train_dir), export_record.EXPORT_RECORD,
+            os.path.abspath(train_dir), records.EXPORT_RECORD,
             cifar10_input.META_FILE))
   return standardize, class_names
 
@@ -269,7 +270,7 @@ def main(argv=None):
     return 2
   except (OSError, tf.errors.OpError) as e:
     print('Error: could not export to %s: %s' % (
-        args.export_dir, checkpoints.first_line(e)), file=sys.stderr)
+        args.export_dir, log_filter.first_line(e)), file=sys.stderr)
     return 2
   return 0
 

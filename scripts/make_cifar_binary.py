@@ -36,7 +36,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from training import data_layout  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.storage import data_layout  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tqdm import tqdm  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 SIZE = data_layout.cifar_height

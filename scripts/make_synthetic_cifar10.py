@@ -30,7 +30,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from training import data_layout  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.storage import data_layout  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 NUM_CLASSES = 10
 SIZE = 32

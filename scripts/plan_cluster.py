@@ -12,7 +12,7 @@ names the fewest ps tasks within 5% of the best:
 With --slots=R instead of --num_workers (R worker slots listed, each
 update a gradient per slot, as in deploy/k8s.yaml), it plans for all R
 running, then gives the images/s of 1..R of them running. The model:
-training/throughput.py (its CPU constants: scripts/calibrate_planner.py).
+training/cluster/planner_model.py (its CPU constants: scripts/calibrate_planner.py).
 """
 
 import argparse
@@ -22,8 +22,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from training import process  # pylint: disable=g-import-not-at-top,wrong-import-position
-from training import throughput  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.cluster import planner_model  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.runtime import process  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 WITHIN = 0.05  # "Within 5% of the best".
 
@@ -36,7 +36,7 @@ def largest_shares(max_ps):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import cifar10_model  # pylint: disable=g-import-not-at-top
   import train_graph  # pylint: disable=g-import-not-at-top
-  from training import placement  # pylint: disable=g-import-not-at-top
+  from training.graph import placement  # pylint: disable=g-import-not-at-top
   tf1 = tf.compat.v1
   shares = {}
   for num_ps in range(1, max_ps + 1):
@@ -72,7 +72,7 @@ def plan(step_ms, num_workers, mbit, shares, batch_size, model_bytes,
   own link is the busiest)]."""
   rows = []
   for num_ps, share in sorted(shares.items()):
-    rate = throughput.predict_images_per_sec(
+    rate = planner_model.predict_images_per_sec(
         step_ms=step_ms, model_bytes=model_bytes, share=share,
         num_workers=num_workers, num_ps=num_ps, mbit=mbit,
         batch_size=batch_size, mode=mode, worker_cores=worker_cores,
@@ -80,7 +80,7 @@ def plan(step_ms, num_workers, mbit, shares, batch_size, model_bytes,
     examples = num_workers - (mode == 'backup')
     ms = (num_workers if mode == 'async' else examples) * batch_size * 1e3 / (
         rate)
-    mb = throughput.busiest_bytes(model_bytes, share, num_workers,
+    mb = planner_model.busiest_bytes(model_bytes, share, num_workers,
                                   dtype_bytes) / 1e6
     rows.append((num_ps, mb, ms, rate, num_workers * share <= 1))
   return rows
@@ -157,7 +157,7 @@ def parse_args(argv):
   problem = usage_problem(args)
   try:
     args.measured_on = args.constants and not problem and (
-        throughput.load_constants(args.constants))
+        planner_model.load_constants(args.constants))
   except (OSError, ValueError) as e:
     problem = '--constants=%s: %s' % (args.constants, e)
   if problem:
@@ -298,7 +298,7 @@ def at_scale_markdown(shares):
                    network_bytes(), 4, **cores)[0][3]
         cells.append('%d ps: %.2f, %s' % (
             fewest, rows[fewest - 1][3] / (workers * one),
-            throughput.bound(step_ms=step_ms, model_bytes=network_bytes(),
+            planner_model.bound(step_ms=step_ms, model_bytes=network_bytes(),
                              share=shares[fewest], num_workers=workers,
                              num_ps=fewest, mbit=gbit * 1000, **cores)))
       out.append('| %d | %g ms | %s |' % (workers, step_ms,
@@ -375,16 +375,16 @@ def main(argv=None):
               mode=args.training, worker_cores=args.worker_cores,
               ps_cores=args.ps_cores, step_cv=args.step_cv)
   print(markdown(args, rows))
-  print(throughput.variables_line(args.model_bytes, shares, fewest_within(
+  print(planner_model.variables_line(args.model_bytes, shares, fewest_within(
       rows), args.optimizer))
   if args.slots:
     num_ps = fewest_within(rows)
     print()
-    print(running_markdown(args, num_ps, throughput.running_rows(
+    print(running_markdown(args, num_ps, planner_model.running_rows(
         args.step_ms, args.slots, args.link_gbit * 1000, shares[num_ps],
         args.batch_size, args.model_bytes, dtype_bytes)))
   if args.plot:
-    plot_workers(throughput.workers_series(args.step_ms, args.num_workers,
+    plot_workers(planner_model.workers_series(args.step_ms, args.num_workers,
                                 args.link_gbit * 1000, shares,
                                 args.batch_size, args.model_bytes,
                                 dtype_bytes, PLOT_PS),

@@ -174,7 +174,7 @@ log_dir=$(cd "$log_dir" && pwd)
 "$python" - "$root" "$data_dir" <<'EOF' || exit 2
 import sys
 sys.path.insert(0, sys.argv[1])
-from training import data_layout
+from training.storage import data_layout
 try:
   print('Data: ' + data_layout.describe(data_layout.identity(sys.argv[2])))
 except data_layout.DataError as e:
@@ -195,7 +195,7 @@ fi
 # the range the kernel picks connections' source ports from.
 # Free worker slots get theirs too: below that range no connection takes
 # them, so they stay free for the workers started later.
-ports=($("$python" "$root/training/ports.py" "$((num_ps + worker_slots))")) || die "could not find free ports"
+ports=($("$python" "$root/training/cluster/ports.py" "$((num_ps + worker_slots))")) || die "could not find free ports"
 join() { local IFS=,; echo "$*"; }
 ps_hosts=$(join $(for p in "${ports[@]:0:num_ps}"; do echo "localhost:$p"; done))
 worker_hosts=$(join $(for p in "${ports[@]:num_ps}"; do echo "localhost:$p"; done))

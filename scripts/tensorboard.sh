@@ -3,7 +3,7 @@
 # `tensorboard`, its own lines only. Started plainly, TensorBoard loads
 # TensorFlow, whose C++ start-up notes (`I0000 ...`, `E0000 ... failed call
 # to cuInit` on a machine without a GPU driver) read like errors; here they
-# go through the trainer's filter (training/process.py). TF_CPP_MIN_LOG_LEVEL=0
+# go through the trainer's filter (training/runtime/process.py). TF_CPP_MIN_LOG_LEVEL=0
 # shows everything.
 #
 #   bash scripts/tensorboard.sh --logdir=./models_cifar10
@@ -14,7 +14,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 exec "${PYTHON:-python3}" -c '
 import sys
 sys.path[:] = [sys.argv.pop(1)] + [p for p in sys.path if p]
-from training import process
+from training.runtime import process
 process.start()
 from tensorboard import main
 sys.argv[0] = "tensorboard"

@@ -74,7 +74,7 @@ def preload():
   prologue does, so that the children find it loaded."""
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')
   sys.path.insert(0, ROOT)
-  from training import process  # pylint: disable=g-import-not-at-top
+  from training.runtime import process  # pylint: disable=g-import-not-at-top
   process.tensorflow_defaults()
   for name in trainer_imports():
     try:

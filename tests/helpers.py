@@ -33,8 +33,8 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, 'scripts'))
 sys.path.insert(0, os.path.join(ROOT, 'tools'))
 
-from training import ports  # pylint: disable=g-import-not-at-top,wrong-import-position
-from training import progress  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.cluster import ports  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.runtime import progress  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 TRAINER = os.path.join(ROOT, 'train_distributed.py')
 LOCAL_CLUSTER_SCRIPT = os.path.join(ROOT, 'scripts', 'run_local_cluster.sh')
@@ -91,7 +91,7 @@ servers[0].join()
 
 def free_ports(n):
   """Returns n distinct TCP ports, free now, that no other connection takes
-  before the tasks bind them (see training/ports.py)."""
+  before the tasks bind them (see training/cluster/ports.py)."""
   return ports.free_ports(n)
 
 
@@ -392,13 +392,13 @@ def run_in_group(command, timeout, **popen_args):
 # fast the machine.
 PACED = """
 import time
-from training import session
-step = session.run_step
+from training.session import creator
+step = creator.run_step
 def paced(*args):
   result = step(*args)
   time.sleep(0.05)
   return result
-session.run_step = paced
+creator.run_step = paced
 """
 
 
@@ -523,7 +523,7 @@ def listed(train_dir):
 
 # Logs.
 
-# A worker's progress line (its groups: see training/progress.py).
+# A worker's progress line (its groups: see training/runtime/progress.py).
 PROGRESS = progress.PATTERN
 
 
@@ -539,7 +539,7 @@ def last_step(procs, name):
 
 
 # Every line a healthy task prints: the suite's own, nothing of
-# TensorFlow's (see training/log_filter.py).
+# TensorFlow's (see training/runtime/log_filter.py).
 OWN_LINE = re.compile(
     r'(job_name : \w+|task_index : \d+|(ps|Worker) \d+: .+|Evaluator: .+|'
     r'Cluster from TF_CONFIG: .+|Given on the command line, over TF_CONFIG: .+|'
@@ -567,7 +567,7 @@ def worker_graph(num_ps, sync, task_index=0, packed=True, loss_scale=None,
   tf.Graph, its TrainingGraph)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import train_graph  # pylint: disable=g-import-not-at-top
-  from training import learning_rate  # pylint: disable=g-import-not-at-top
+  from training.graph import learning_rate  # pylint: disable=g-import-not-at-top
   tf1 = tf.compat.v1
   graph = tf.Graph()
   cluster = tf.train.ClusterSpec({

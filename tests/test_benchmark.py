@@ -19,7 +19,7 @@ import benchmark_network
 import benchmark_report
 import cpu_profile
 import network_namespaces
-from training import throughput
+from training.cluster import planner_model
 
 # What --only picks of --quick, our synchronous cluster and TF2's own
 # strategy (the rest, our asynchronous cluster, differs by a flag), and the
@@ -217,7 +217,7 @@ def assert_network(results, stdout, plot):
                                       slow['ms_per_step'] - 1)
   # 1 ps carries both workers' 719,848 bytes each way at 100 Mbit/s:
   # 1.49 MB on the wire (headers included), 119 ms.
-  assert throughput.link_ms(model, 1.0, 2, 100) == pytest.approx(118.97,
+  assert planner_model.link_ms(model, 1.0, 2, 100) == pytest.approx(118.97,
                                                                    abs=0.01)
   row = ('| 1 ps + 2 workers, sync, 100 Mbit/s, batch 8 | %.0f | %.0f | %.0f '
          '| %+.0f%% |  |' % (slow['images_per_sec'], slow['ms_per_step'],

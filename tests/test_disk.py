@@ -15,7 +15,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from training import checkpoints
+from training.storage import checkpoints
 from helpers import assert_clean_logs, checkpoint_step, cluster_flags
 from helpers import latest_step, single_process_flags, start_cluster
 from helpers import wait_until

@@ -25,7 +25,7 @@ import pytest
 
 import download_cifar10
 from helpers import ROOT, free_ports
-from training import fetch
+from training.storage import resumable_download
 
 SCRIPT = os.path.join(ROOT, 'scripts', 'download_cifar10.py')
 NAME = 'cifar-10-binary.tar.gz'
@@ -214,7 +214,7 @@ def test_downloads_checks_and_unpacks(served, archive, data_dir, tiny_data,
   assert_holds(data_dir, tiny_data)  # The .part file is gone too.
   out = capsys.readouterr().out.split('\n')
   assert out[0] == 'Downloading %s (%s) into %s' % (
-      url, fetch.size(len(archive)), part_of(data_dir))
+      url, resumable_download.size(len(archive)), part_of(data_dir))
   # Then the progress bar, on one line; it ends at every byte, 100%, no
   # time left, and the rate.
   assert len(out) == 4 and out[-2:] == ['CIFAR-10 is in %s' % data_dir, '']
@@ -281,7 +281,7 @@ def test_a_tarball_on_disk_is_checked_and_unpacked(as_url, archive, data_dir,
                             '--md5', md5)
   assert (rc, err) == (0, '')
   assert out == 'Checking %s (%s)\nCIFAR-10 is in %s\n' % (
-      tarball, fetch.size(len(archive)), data_dir)
+      tarball, resumable_download.size(len(archive)), data_dir)
   assert_holds(data_dir, tiny_data)
   assert tarball.read_bytes() == archive  # Left as it was.
 
@@ -337,7 +337,7 @@ def test_ctrl_c_keeps_the_part_and_a_rerun_resumes(signum, serve, data_dir,
       os.kill(proc.pid, signal.SIGKILL)
       proc.wait()
   assert proc.returncode == 128 + signum
-  total = fetch.size(len(server.body))
+  total = resumable_download.size(len(server.body))
   assert out.startswith('Downloading %s (%s) into %s\n' % (server.url, total,
                                                            part))
   assert one_line(err) == (
@@ -370,7 +370,7 @@ def test_a_cut_connection_is_one_line_and_resumes(serve, data_dir, tiny_data,
   err = one_line(capsys.readouterr().err)
   assert err == ('Error: the connection to %s closed early; 300.0 kB of %s '
                  'kept in %s: run the same command again to resume\n' % (
-                     server.url, fetch.size(len(server.body)),
+                     server.url, resumable_download.size(len(server.body)),
                      part_of(data_dir)))
   assert not os.path.exists(data_dir)
   assert os.path.getsize(part_of(data_dir)) == 300000
@@ -404,7 +404,7 @@ def test_a_part_bigger_than_the_file_starts_again(serve, archive, data_dir,
   assert server.ranges_asked() == ['bytes=%d-' % (len(archive) + 4), None]
   assert_holds(data_dir, tiny_data)
   assert 'is bigger than %s (%s): downloading from the start' % (
-      server.url, fetch.size(len(archive))) in (
+      server.url, resumable_download.size(len(archive))) in (
           capsys.readouterr().out)
 
 
@@ -499,7 +499,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_part(serve, data_dir,
   assert one_line(proc.stderr) == (
       'Error: cannot write %s: File too large; 100.0 kB of %s kept in %s: '
       'free some space, or choose another --data_dir, and run again\n' % (
-          part_of(data_dir), fetch.size(len(server.body)),
+          part_of(data_dir), resumable_download.size(len(server.body)),
           part_of(data_dir)))
   assert not os.path.exists(data_dir)
   assert os.path.getsize(part_of(data_dir)) == 100000
@@ -536,14 +536,14 @@ def test_another_process_finishing_first_is_success(served, data_dir,
   # The pods of a TFJob fetch into one shared volume at the same time: the
   # loser of the final rename finds valid data there and is content.
   url, md5 = served
-  real_fetch = fetch.fetch
+  real_fetch = resumable_download.fetch
 
   def fetch_while_another_finishes(*args):
     got = real_fetch(*args)
     shutil.copytree(tiny_data, data_dir)
     return got
 
-  monkeypatch.setattr(fetch, 'fetch', fetch_while_another_finishes)
+  monkeypatch.setattr(resumable_download, 'fetch', fetch_while_another_finishes)
   assert download_cifar10.main(['--data_dir', data_dir, '--url', url,
                                 '--md5', md5]) == 0
   assert 'already holds CIFAR-10' in capsys.readouterr().out

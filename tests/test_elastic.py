@@ -21,8 +21,8 @@ LOST = ['--lost_worker_secs=3', '--wait_report_secs=2']
 # `seen` exists, it stops the ps tasks and itself.
 STOP_AFTER_10_STEPS = """
 import os, signal, time
-from training import session
-step, done = session.run_step, [0]
+from training.session import creator
+step, done = creator.run_step, [0]
 def stop_after(*args):
   result = step(*args)
   done[0] += 1
@@ -33,13 +33,13 @@ def stop_after(*args):
       os.kill(pid, signal.SIGSTOP)
     os.kill(os.getpid(), signal.SIGSTOP)
   return result
-session.run_step = stop_after
+creator.run_step = stop_after
 """
 
 # Run in the chief before the trainer: makes the file `seen` once a probe
 # of its watch on the workers finds worker 2 (at `host`) answering.
 SEES_WORKER_2 = """
-from training import liveness
+from training.health import liveness
 probe = liveness.Tracker.probe
 def probe_and_say(self, indices=None, *args, **kwargs):
   down = probe(self, indices, *args, **kwargs)
@@ -54,14 +54,14 @@ liveness.Tracker.probe = probe_and_say
 # (the path formatted in).
 AFTER_THE_FILE = """
 import os, time
-from training import session
-step = session.run_step
+from training.session import creator
+step = creator.run_step
 def after_the_file(*args):
   while not os.path.exists(%r):
     time.sleep(0.02)
-  session.run_step = step
+  creator.run_step = step
   return step(*args)
-session.run_step = after_the_file
+creator.run_step = after_the_file
 """
 
 

@@ -11,8 +11,8 @@ import pytest
 import cifar10_model
 from helpers import ROOT, run_in_group, suite_env
 import elastic_run
-from training import throughput
-from training import progress
+from training.cluster import planner_model
+from training.runtime import progress
 
 SCRIPT = os.path.join(ROOT, 'tools', 'elastic_run.py')
 PROGRESS = progress.PATTERN
@@ -44,7 +44,7 @@ if (sys.argv and sys.argv[0].endswith('train_distributed.py') and
 
   class Paced(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-      if name != 'training.session':
+      if name != 'training.session.creator':
         return None
       sys.meta_path.remove(self)
       spec = importlib.machinery.PathFinder.find_spec(name, path)
@@ -151,7 +151,7 @@ def test_a_job_of_1_then_2_then_1_worker_against_one_of_2(tiny_data,
   # The planner's images/s for 1 and 2 workers of 16, a 10 ms step, 10
   # Gbit/s links, 1 ps.
   assert result['predicted_images_per_sec'] == {
-      str(n): round(n * 16e3 / throughput.predict_step_ms(
+      str(n): round(n * 16e3 / planner_model.predict_step_ms(
           10, cifar10_model.MODEL_BYTES, 1.0, n, 10e3), 1) for n in (1, 2)}
 
 

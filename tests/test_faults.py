@@ -13,7 +13,7 @@ import tensorflow as tf
 from helpers import FAST, checkpoint_step, checkpoint_steps, cluster_flags
 from helpers import free_ports, kill9, last_step, latest_step, shard_counts
 from helpers import hosts, paused, start_cluster, steps, wait_until
-from training import sync_protocol
+from training.graph import sync_protocol
 
 tf1 = tf.compat.v1
 
@@ -277,7 +277,7 @@ def bad_input_case(case, tiny_data, train_dir, taken):
 FAILS_ONCE = """
 import sys, time
 import tensorflow as tf
-from training import hooks
+from training.session import hooks
 start = hooks.SyncReplicasHook.after_create_session
 class FailsOnce:
   def __init__(self, session, sync_op):

@@ -25,8 +25,9 @@ LOST = ['--lost_worker_secs=3', '--wait_report_secs=2']
 # machine, that recovers when the test says.
 STRAGGLER = """
 import os, time
-from training import pace, session
-step, trial = session.run_step, pace.StandAsideHook.trial_ms
+from training.health import stragglers
+from training.session import creator
+step, trial = creator.run_step, stragglers.StandAsideHook.trial_ms
 def slow(seconds):
   if not os.path.exists(%r):
     time.sleep(2 * seconds)
@@ -41,8 +42,8 @@ def slow_trial(self, session):
   took = time.time() - start
   slow(took)
   return ms * (time.time() - start) / took
-session.run_step = slow_step
-pace.StandAsideHook.trial_ms = slow_trial
+creator.run_step = slow_step
+stragglers.StandAsideHook.trial_ms = slow_trial
 """
 
 

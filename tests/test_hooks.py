@@ -7,9 +7,9 @@ import pytest
 import tensorflow as tf
 
 from helpers import free_ports
-from training import checkpoints
-from training import hooks
-from training import process
+from training.runtime import process
+from training.session import hooks
+from training.storage import checkpoints
 
 tf1 = tf.compat.v1
 

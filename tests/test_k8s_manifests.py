@@ -23,8 +23,8 @@ import manifests
 
 import cifar10_input
 import train_distributed
-from training import learning_rate
-from training import run_records
+from training.graph import learning_rate
+from training.storage import records
 
 tf1 = tf.compat.v1
 
@@ -427,10 +427,10 @@ def test_the_pages_line_for_a_train_dir_of_the_earlier_manifest(flags,
             flags.num_epochs_per_decay), flags.learning_rate_decay_factor)
   said = []
   resume = types.SimpleNamespace(step=1234)
-  run_records.check_schedule_record(str(tmp_path), schedule(2), None,
+  records.check_schedule_record(str(tmp_path), schedule(2), None,
                                     said.append)
   for _ in range(2):
-    run_records.check_schedule_record(str(tmp_path), schedule(4), resume,
+    records.check_schedule_record(str(tmp_path), schedule(4), resume,
                                       said.append)
   assert len(said) == 1, said
   line = 'Worker 0: ' + said[0].replace(str(tmp_path), '/shared/train').replace(

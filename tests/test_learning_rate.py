@@ -4,7 +4,8 @@ steps against numbers worked out by hand."""
 import pytest
 import tensorflow as tf
 
-from training import learning_rate
+from training.graph import learning_rate
+from training.storage import records
 
 tf1 = tf.compat.v1
 
@@ -109,9 +110,10 @@ def test_changes_name_the_flags_that_differ():
   assert learning_rate.changes(before, now) == [
       '--initial_learning_rate 0.05 -> 0.1', '--max_steps 2000 -> 4700']
   # An earlier release: only what it is known to have had.
-  assert learning_rate.changes(None, now) == [
+  assert learning_rate.changes(records.EARLIER_SCHEDULE, now) == [
       '--lr_schedule exponential -> cosine', '--lr_scaling none -> linear']
-  assert learning_rate.changes(None, schedule('exponential', 999)) == []
+  assert learning_rate.changes(records.EARLIER_SCHEDULE,
+                               schedule('exponential', 999)) == []
 
 
 def test_changes_leave_out_what_the_rate_does_not_depend_on():

@@ -137,8 +137,8 @@ sys.path.insert(0, %(root)r)
 import tensorflow as tf
 tf1 = tf.compat.v1
 tf1.disable_eager_execution()
-from training import session_config
-from training import ps_task
+from training.cluster import session_config
+from training.health import run_end
 ps, worker = %(ps)r, %(worker)r
 cluster = tf.train.ClusterSpec({'ps': ps, 'worker': [worker]})
 config = session_config.session_config('worker', 0, [worker])
@@ -147,7 +147,7 @@ server = tf1.train.Server(cluster, job_name='worker', task_index=0,
 with tf.device('/job:ps/task:0'):
   step = tf1.train.get_or_create_global_step()
 print('start', time.time(), flush=True)
-result = ps_task.tell_cluster_done(
+result = run_end.tell_cluster_done(
     master=server.target, config=config, task_index=0, ps_hosts=ps,
     global_step=step, close=False)
 print('end', time.time(), flush=True)
@@ -197,9 +197,8 @@ def test_telling_a_lost_ps_that_a_worker_is_done_is_bounded(procs, tmp_path):
 # posts, a window too short to hit from outside.
 KILL_PS1_BEFORE = '''
 import os, signal, time
-from training import hooks
-from training import liveness
-from training import ps_task
+from training.health import liveness
+from training.session import hooks
 target = %(target)s
 real = getattr(target, %(name)r)
 def kill_ps1_first(*args, **kwargs):
@@ -221,7 +220,7 @@ def test_a_ps_lost_at_the_end_is_named_and_nothing_hangs(procs, tiny_data,
   ps = flags[0].split('=')[1].split(',')
   procs.trainer('ps0', '--job_name=ps', '--task_index=0', *flags)
   procs.trainer('ps1', '--job_name=ps', '--task_index=1', *flags)
-  target, name = {'done_posts': ('ps_task', 'tell_cluster_done'),
+  target, name = {'done_posts': ('run_end', 'tell_cluster_done'),
                   'final_save': ('hooks.CheckpointSaverHook', 'end')
                   }[moment]
   procs.trainer('worker0', '--job_name=worker', '--task_index=0', *flags,
@@ -540,7 +539,7 @@ def test_evaluator_on_an_empty_test_set_is_one_line(procs, tiny_data,
 def test_a_checkpoint_is_named_after_the_step_it_holds(tmp_path):
   """The step is read before the save; an update applied in between (the
   chief's sync thread, the other workers) must rename the checkpoint."""
-  from training import checkpoints  # pylint: disable=import-outside-toplevel
+  from training.storage import checkpoints  # pylint: disable=import-outside-toplevel
   train_dir = str(tmp_path)
   with tf.Graph().as_default():
     step = tf1.train.get_or_create_global_step()

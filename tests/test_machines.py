@@ -63,7 +63,7 @@ def test_a_task_held_to_half_a_core_sizes_its_threads_to_it():
   if cores < 2:
     pytest.skip('one core: a quota of half of it changes nothing')
   code = ('import sys; sys.path.insert(0, %r)\n'
-          'from training import session_config as s\n'
+          'from training.cluster import session_config as s\n'
           'print(s.usable_cores(), s.intra_op_threads(["w:1"], 0), '
           's.ps_threads(["p:1"], ["w:1"], 0))' % ROOT)
   shares = cpu_shares.CpuShares()
@@ -236,7 +236,7 @@ def test_a_killed_runs_machines_are_swept_by_the_next(tmp_path, tiny_data):
 
 def chief_lines(log):
   """[(time, global step)] of a chief's progress lines, read here."""
-  from training import progress  # pylint: disable=g-import-not-at-top
+  from training.runtime import progress  # pylint: disable=g-import-not-at-top
   with open(log) as f:
     return [(l.time.timestamp(), l.step) for l in progress.parse(f.read())]
 

@@ -12,7 +12,7 @@ from PIL import Image
 import pytest
 import tensorflow as tf
 
-from training import data_layout
+from training.storage import data_layout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, 'scripts', 'make_cifar_binary.py')

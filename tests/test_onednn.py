@@ -1,5 +1,5 @@
 """Every process of the suite computes with oneDNN's kernels on an x86 CPU
-of any kind (training/process.py), which TensorFlow would turn on by itself
+of any kind (training/runtime/process.py), which TensorFlow would turn on by itself
 only on CPUs with AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX; the caller's
 TF_ENABLE_ONEDNN_OPTS=0 still turns them off."""
 
@@ -12,13 +12,13 @@ import pytest
 
 from helpers import ROOT
 import helpers
-from training import process
+from training.runtime import process
 
 # A process started as the suite's, then TensorFlow loaded: what TensorFlow
 # decided (its own switch, read once as it loads; an internal function,
 # as TensorFlow's own tests ask it), and a computation.
 STARTED = ('import os\n'
-           'from training import process\n'
+           'from training.runtime import process\n'
            'process.start()\n'
            'import tensorflow as tf\n'
            'from tensorflow.python.util import _pywrap_util_port\n'

@@ -20,8 +20,8 @@ from helpers import single_process_flags, start_cluster
 
 import cifar10_model
 import train_graph
-from training import learning_rate
-from training import ps_gradients
+from training.graph import learning_rate
+from training.graph import ps_gradients
 
 tf1 = tf.compat.v1
 
@@ -204,7 +204,7 @@ def test_momentum_in_a_sync_cluster_updates_as_one_process(
 
 def test_each_session_start_fills_the_joined_weights(procs):
   """A synchronous step pulls each ps's weights from the variable the
-  chief's update joins them into (training/ps_gradients.py; that each
+  chief's update joins them into (training/graph/ps_gradients.py; that each
   update refreshes it, the test above: its updates through the cluster
   match one process only if each did). A session's start fills it: another
   worker's only where a new ps has none (one joining mid-run leaves an

@@ -1,7 +1,7 @@
-"""pace.PaceJudge on looks made by hand, against a clock the test sets: the
+"""stragglers.PaceJudge on looks made by hand, against a clock the test sets: the
 expectations are worked by hand, and no test waits."""
 
-from training import pace
+from training.health import stragglers
 
 
 class Clock:
@@ -36,7 +36,7 @@ def straggling(judge, clock, looks, slow_in=(1, 2)):
 
 def test_a_worker_the_updates_wait_for_alone_is_set_aside():
   clock = Clock()
-  judge = pace.PaceJudge(3, lost_secs=5, clock=clock)
+  judge = stragglers.PaceJudge(3, lost_secs=5, clock=clock)
   actions = straggling(judge, clock, 52)
   # Not judged in its first 20 s (its first steps are slow): from its first
   # step seen (look 1, at 0.5 s) to look 41, at 20.5 s. Then worker 2 was
@@ -54,7 +54,7 @@ def test_a_worker_the_updates_wait_for_alone_is_set_aside():
 
 def test_equal_workers_are_left_alone():
   clock = Clock()
-  judge = pace.PaceJudge(3, lost_secs=5, clock=clock)
+  judge = stragglers.PaceJudge(3, lost_secs=5, clock=clock)
   # Worker 2 last in a third of the looks, as any of three equal workers.
   assert straggling(judge, clock, 60, slow_in=(0,)) == [[]] * 60
   assert not judge.aside
@@ -78,7 +78,7 @@ def stopping(judge, clock, looks, away=()):
 
 def test_one_that_makes_no_step_while_the_others_wait_is_hung():
   clock = Clock()
-  judge = pace.PaceJudge(3, lost_secs=5, clock=clock)
+  judge = stragglers.PaceJudge(3, lost_secs=5, clock=clock)
   actions = stopping(judge, clock, 14)
   assert actions[:12] == [[]] * 12  # 4.5 s without a step: not yet.
   assert actions[12] == [('hung', 2, 5.0)]
@@ -87,7 +87,7 @@ def test_one_that_makes_no_step_while_the_others_wait_is_hung():
 
 def test_a_hang_counts_from_when_its_port_answers_again():
   clock = Clock()
-  judge = pace.PaceJudge(3, lost_secs=5, clock=clock)
+  judge = stragglers.PaceJudge(3, lost_secs=5, clock=clock)
   # Its port did not answer at 1.5 s to 3 s (looks 3 to 6).
   actions = stopping(judge, clock, 20, away=(3, 4, 5, 6))
   # Its last step at 1 s; counted from 3 s, the last look it was away: 5 s
@@ -98,7 +98,7 @@ def test_a_hang_counts_from_when_its_port_answers_again():
 
 def test_a_chief_behind_alone_is_not_judged_here():
   clock = Clock()
-  judge = pace.PaceJudge(3, lost_secs=5, clock=clock)
+  judge = stragglers.PaceJudge(3, lost_secs=5, clock=clock)
   for k in range(80):  # The chief steps, then saves a checkpoint for 30 s.
     clock.now = k * 0.5
     chief = min(k, 20)
@@ -109,7 +109,7 @@ def test_a_chief_behind_alone_is_not_judged_here():
 
 def test_one_set_aside_is_taken_back_once_its_trials_keep_pace():
   clock = Clock()
-  judge = pace.PaceJudge(3, lost_secs=5, clock=clock)
+  judge = stragglers.PaceJudge(3, lost_secs=5, clock=clock)
   straggling(judge, clock, 42)  # Aside at 20.5 s, share 2/3.
   looks = []
   for k, trial in enumerate([-1, 30, 25, 19, 18]):
@@ -125,19 +125,19 @@ def test_one_set_aside_is_taken_back_once_its_trials_keep_pace():
 
 def test_one_set_aside_is_tried_again_after_a_while():
   clock = Clock()
-  judge = pace.PaceJudge(3, lost_secs=5, clock=clock)
+  judge = stragglers.PaceJudge(3, lost_secs=5, clock=clock)
   straggling(judge, clock, 42)  # Aside at 20.5 s.
-  clock.now = 20.5 + pace.PaceJudge.AGAIN_SECS - 0.5
+  clock.now = 20.5 + stragglers.PaceJudge.AGAIN_SECS - 0.5
   assert judge.look(300, table([300] * 3, [50] * 3, [-1, -1, 30]),
                     {1, 2}) == []
-  clock.now = 20.5 + pace.PaceJudge.AGAIN_SECS
+  clock.now = 20.5 + stragglers.PaceJudge.AGAIN_SECS
   assert judge.look(301, table([301] * 3, [51] * 3, [-1, -1, 30]),
                     {1, 2}) == [('back', 2, (60,))]
 
 
 def test_one_not_yet_stepped_is_never_hung():
   clock = Clock()
-  judge = pace.PaceJudge(3, lost_secs=5, clock=clock)
+  judge = stragglers.PaceJudge(3, lost_secs=5, clock=clock)
   for k in range(40):  # Worker 2 in its first step (slow) for 20 s.
     clock.now = k * 0.5
     assert judge.look(100 + k, table([100 + k, 100 + k, -1], [k, k, -1]),
@@ -146,7 +146,7 @@ def test_one_not_yet_stepped_is_never_hung():
 
 def test_one_back_from_a_loss_is_judged_afresh():
   clock = Clock()
-  judge = pace.PaceJudge(3, lost_secs=5, clock=clock)
+  judge = stragglers.PaceJudge(3, lost_secs=5, clock=clock)
   for k in range(4):  # Worker 2 steps, then is lost and restarted.
     clock.now = k * 0.5
     judge.look(100 + k, table([100 + k] * 3, [k] * 3), {1, 2})

@@ -6,9 +6,9 @@ import tensorflow as tf
 import cifar10_model
 import train_graph
 from helpers import worker_graph
-from training import placement
-from training import checkpoints
-from training import partial_restore
+from training.graph import placement
+from training.storage import checkpoints
+from training.storage import partial_restore
 
 tf1 = tf.compat.v1
 

@@ -15,7 +15,7 @@ import cifar10_model
 import calibrate_planner
 from helpers import ROOT, run_in_group, suite_env
 import plan_cluster
-from training import throughput
+from training.cluster import planner_model
 
 PLANNER = os.path.join(ROOT, 'scripts', 'plan_cluster.py')
 
@@ -39,15 +39,15 @@ def test_the_step_by_hand():
   # workers' 719,848 bytes (1.033x on the wire) each way: 118.97 ms; a
   # worker's own link half of it. Pull 118.97, then the push's
   # 0.3 x 118.97 + 59.49 = 95.18, less 0.58 x 60 hidden: 60.38 more.
-  assert throughput.link_ms(719848, 1.0, 2, 100) == pytest.approx(
+  assert planner_model.link_ms(719848, 1.0, 2, 100) == pytest.approx(
       118.97, abs=0.01)
-  assert throughput.predict_step_ms(60, 719848, 1.0, 2, 100) == (
+  assert planner_model.predict_step_ms(60, 719848, 1.0, 2, 100) == (
       pytest.approx(60 + 118.97 + 60.38, abs=0.02))
   # bfloat16 halves every transfer.
-  assert throughput.link_ms(719848, 1.0, 2, 100, 2) == pytest.approx(
+  assert planner_model.link_ms(719848, 1.0, 2, 100, 2) == pytest.approx(
       118.97 / 2, abs=0.01)
   # On a fast link the push hides entirely; the pull does not.
-  assert throughput.predict_step_ms(60, 719848, 1.0, 2, 10000) == (
+  assert planner_model.predict_step_ms(60, 719848, 1.0, 2, 10000) == (
       pytest.approx(60 + 1.19, abs=0.01))
 
 
@@ -134,7 +134,7 @@ def test_the_variables_line_by_hand(capsys):
           "average and its accumulator): 2.16 MB of a checkpoint's data, "
           '0.58 MB on the busiest of 4 ps') in outs['momentum']
   # Another model, 1 MB, half of it on the busiest of 4 ps: 3 x 0.5 MB.
-  assert throughput.variables_line(1e6, {4: 0.5}, 4, 'momentum') == (
+  assert planner_model.variables_line(1e6, {4: 0.5}, 4, 'momentum') == (
       'Variables with --optimizer=momentum (each weight, its moving average '
       "and its accumulator): 3.00 MB of a checkpoint's data, 1.50 MB on the "
       'busiest of 4 ps; the bytes on the wire are the same with either '
@@ -164,7 +164,7 @@ def test_the_plot_of_workers_by_hand():
   # 59.49 = 77.34) hides 26.1 ms of it: 45 + 59.49 + 51.24 = 155.72 ms, 822
   # images/s. 2 workers: 45 + 118.98 + (0.3 x 118.98 + 59.49 - 26.1) =
   # 233.06 ms, 1,098 images/s.
-  series = throughput.workers_series(45, 2, 100, {1: 1.0, 3: 0.4}, 128,
+  series = planner_model.workers_series(45, 2, 100, {1: 1.0, 3: 0.4}, 128,
                                        719848, 4)
   assert list(series) == [1]  # Only the ps counts it draws.
   assert series[1] == [pytest.approx(821.97, abs=0.01),
@@ -178,7 +178,7 @@ def test_updates_of_a_gradient_per_slot_by_hand():
   # update of 4 gradients: 1 running, 4 rounds of 5.59 = 22.38 ms; 2, 2
   # rounds of 6.19 = 12.38; 3, a round of 3 and one of 1, 6.78 + 5.59 =
   # 12.38, no faster than 2; 4, one round, 7.38. Images/s: 512,000 / ms.
-  rows = throughput.running_rows(5, 4, 10000, 1.0, 128, 719848, 4)
+  rows = planner_model.running_rows(5, 4, 10000, 1.0, 128, 719848, 4)
   assert [(n, round(ms, 2), round(updates, 2), round(rate))
           for n, ms, updates, rate in rows] == [
               (1, 22.38, 44.68, 22878), (2, 12.38, 80.78, 41359),
@@ -261,7 +261,7 @@ def test_the_busy_links_rpcs_and_ps_0_by_hand():
   # synchronous step's RPCs: (1.3 + 5.35 x 1 ps) / 0.5 cores = 13.3 ms:
   # 113.851 ms. Ps 0: (9.9 + 4 x 4.4) / 0.5 = 55 ms, below it.
   def rate(mode, ps_cores=0.5, step_cv=0.0):
-    return throughput.predict_images_per_sec(
+    return planner_model.predict_images_per_sec(
         step_ms=100, model_bytes=719848, share=1.0, num_workers=4, num_ps=1,
         mbit=1000, batch_size=32, mode=mode, worker_cores=0.5,
         ps_cores=ps_cores, step_cv=step_cv)
@@ -285,7 +285,7 @@ def test_the_busy_links_rpcs_and_ps_0_by_hand():
   assert rate('async', 0.05) == pytest.approx(4 * 32e3 / 312, rel=1e-4)
   # No cores given: the link model alone, as predict_step_ms: 100 + 23.795
   # (the pull) + the push (0.3 x 23.795 + 5.949) hidden in 0.58 x 100.
-  assert throughput.predict_images_per_sec(
+  assert planner_model.predict_images_per_sec(
       step_ms=100, model_bytes=719848, share=1.0, num_workers=4, num_ps=1,
       mbit=1000, batch_size=32) == pytest.approx(4 * 32e3 / 123.795,
                                                  rel=1e-4)
@@ -296,25 +296,25 @@ def test_the_busy_links_rpcs_and_ps_0_by_hand():
   # 410.827 ms.
   slow = dict(step_ms=100, model_bytes=719848, share=1.0, num_workers=4,
               num_ps=1, mbit=100, batch_size=32)
-  assert throughput.predict_images_per_sec(
+  assert planner_model.predict_images_per_sec(
       worker_cores=0.5, ps_cores=0.5, **slow) == pytest.approx(
           4 * 32e3 / 415.814, rel=1e-4)
-  assert throughput.predict_images_per_sec(**slow) == pytest.approx(
+  assert planner_model.predict_images_per_sec(**slow) == pytest.approx(
       4 * 32e3 / 410.827, rel=1e-4)
   # One asynchronous worker there: its own link is the ps's, 59.488 ms:
   # (1.26 + 0.60) x 59.488 - 33 = 77.648 ms of transfers; with (0.65 +
   # 5.35) / 0.5 = 12 of RPCs 189.648 ms, above 2.34 x 59.488 = 139.20 and
   # ps 0's 3.9 / 0.5 = 7.8.
-  assert throughput.predict_images_per_sec(
+  assert planner_model.predict_images_per_sec(
       worker_cores=0.5, ps_cores=0.5, mode='async',
       **dict(slow, num_workers=1)) == pytest.approx(32e3 / 189.648, rel=1e-4)
 
 
 def test_the_expected_slowest_of_n():
   # Tables of normal order statistics: the largest of 2, 4 and 8 draws.
-  assert [round(throughput.expected_order(n, n), 4) for n in (1, 2, 4, 8)] == [
+  assert [round(planner_model.expected_order(n, n), 4) for n in (1, 2, 4, 8)] == [
       0.0, 0.5642, 1.0294, 1.4236]
-  assert round(throughput.expected_order(1, 2), 4) == -0.5642
+  assert round(planner_model.expected_order(1, 2), 4) == -0.5642
 
 
 def test_past_the_bytes_need_more_ps_make_a_step_slower():
@@ -401,7 +401,7 @@ def constants_file(path, **values):
   """A file as scripts/calibrate_planner.py writes it: every CPU constant
   0 but values."""
   path.write_text(json.dumps({'machine': 'a test machine', 'constants': dict(
-      dict.fromkeys(throughput.CPU_CONSTANTS, 0.0), **values)}))
+      dict.fromkeys(planner_model.CPU_CONSTANTS, 0.0), **values)}))
   return str(path)
 
 
@@ -520,7 +520,7 @@ def test_the_calibration_measures_here_and_the_planner_reads_it(
                    ['worker0', 'worker1', 'ps0'], ['worker0', 'ps0', 'ps1'],
                    ['worker0', 'ps0']]
   found = json.loads(out_file.read_text())
-  assert set(found['constants']) == set(throughput.CPU_CONSTANTS)
+  assert set(found['constants']) == set(planner_model.CPU_CONSTANTS)
   assert all(v >= 0 for v in found['constants'].values())
   assert found['constants'] == calibrate_planner.constants(
       {name: rounds[0] for name, rounds in found['runs'].items()})

@@ -1,4 +1,4 @@
-"""training/ports.py: free ports below the kernel's ephemeral range, or in
+"""training/cluster/ports.py: free ports below the kernel's ephemeral range, or in
 the range FREE_PORT_RANGE gives (each worker of the suite its own share); a
 bad range is one line."""
 
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from helpers import ROOT, suite_env, worker_port_range
-from training import ports
+from training.cluster import ports
 
 
 def test_ports_come_from_below_the_ephemeral_range(monkeypatch):
@@ -32,7 +32,7 @@ def test_ports_come_from_the_range_given(monkeypatch):
                                    '20000-70000', ' 20000-20010', 'a-b'])
 def test_a_bad_range_is_one_line(given):
   out = subprocess.run(
-      [sys.executable, 'training/ports.py', '2'], cwd=ROOT,
+      [sys.executable, 'training/cluster/ports.py', '2'], cwd=ROOT,
       env=suite_env({'FREE_PORT_RANGE': given}), capture_output=True,
       text=True)
   assert (out.returncode, out.stdout) == (1, '')

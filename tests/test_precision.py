@@ -29,14 +29,14 @@ from helpers import assert_clean_logs, checkpoint_step, checkpoint_steps
 from helpers import cluster_flags, single_process_flags, steps, wait_until
 from helpers import start_cluster
 
-from training import learning_rate
+from training.graph import learning_rate
 
 # The reference's schedule as a 40-step test sees it: 0.1 throughout.
 CONSTANT_RATE = learning_rate.Schedule('exponential', 0.1, 128, 'none', 0,
                                        1000, 1000, 0.1)
 
 # What a worker reads of the model per step, in float32: its trainable
-# parameters, once (see training/transfers.py).
+# parameters, once (see training/graph/transfers.py).
 MODEL_BYTES = cifar10_model.MODEL_BYTES
 MIXED = re.compile(r'^Worker 0: (--mixed_precision: (bfloat16|float16) compute|'
                    r'warning: --mixed_precision on a CPU)', re.M)
@@ -252,7 +252,7 @@ CPUINFO = ('processor\t: 0\nvendor_id\t: GenuineIntel\n'
 ])
 def test_the_hint_for_mixed_precision_is_said_only_with_amx(
     tmp_path, flags, num_gpus, hinted):
-  from training import precision  # pylint: disable=g-import-not-at-top
+  from training.graph import precision  # pylint: disable=g-import-not-at-top
   cpuinfo = tmp_path / 'cpuinfo'
   cpuinfo.write_text(CPUINFO % flags)
   line = precision.mixed_precision_hint(3, num_gpus, str(cpuinfo))
@@ -409,7 +409,7 @@ def run_scaled_steps(steps, initial_scale, period=2000, rule=None):
     accumulator says)] per step.
   """
   import train_graph  # pylint: disable=g-import-not-at-top
-  from training import hooks  # pylint: disable=g-import-not-at-top
+  from training.session import hooks  # pylint: disable=g-import-not-at-top
   rng = np.random.RandomState(0)
   with tf.Graph().as_default():
     tf1.set_random_seed(0)

@@ -1,9 +1,9 @@
-"""training/progress.py: the progress line as a worker prints it, and read
+"""training/runtime/progress.py: the progress line as a worker prints it, and read
 back by the one pattern the benchmark, the elastic run and the tests use."""
 
 from datetime import datetime
 
-from training import progress
+from training.runtime import progress
 
 VALUES = dict(time=datetime(2026, 4, 7, 10, 13, 2, 154664), step=1200,
               loss=1.23456, accuracy=0.515625, examples_per_sec=1234.56,

@@ -26,7 +26,7 @@ import pytest
 
 import make_synthetic_cifar10  # From scripts/, on the path helpers sets.
 from helpers import OWN_LINE, ROOT, free_ports, run_in_group, suite_env
-from training import log_filter
+from training.runtime import log_filter
 
 NAMES = make_synthetic_cifar10.CLASS_NAMES
 # A run of the quickstart, its resume, the four terminals: global steps.

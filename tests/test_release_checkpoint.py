@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from helpers import worker_graph
-from training import checkpoints
+from training.storage import checkpoints
 
 tf1 = tf.compat.v1
 

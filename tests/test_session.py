@@ -1,5 +1,5 @@
-"""training/session.py in one process: a cancelled step is recovered, a
-lost task is said in one line."""
+"""training/session/creator.py in one process: a cancelled step is
+recovered, a lost task is said in one line."""
 
 import logging
 import threading
@@ -7,8 +7,8 @@ import threading
 import pytest
 import tensorflow as tf
 
-from training import liveness
-from training import session
+from training.health import liveness
+from training.session import creator
 
 tf1 = tf.compat.v1
 
@@ -42,7 +42,7 @@ def cancel_in(sess, op, secs):
 
 
 @pytest.mark.parametrize('run', ['MonitoredSession.run',
-                                 'session.run_step'])
+                                 'creator.run_step'])
 def test_a_cancelled_step_is_recovered_like_a_lost_task(run):
   # A real CancelledError from a real step: an enqueue blocked on a full
   # queue that is closed with cancel_pending_enqueues, as a step blocked on
@@ -50,9 +50,9 @@ def test_a_cancelled_step_is_recovered_like_a_lost_task(run):
   with tf.Graph().as_default():
     queue = tf1.FIFOQueue(1, tf.int32, shapes=[])
     enqueue = queue.enqueue(7)
-    creator = Creator(enqueue)
-    with tf1.train.MonitoredSession(session_creator=creator) as sess:
-      timer = cancel_in(creator.sessions[0],
+    made = Creator(enqueue)
+    with tf1.train.MonitoredSession(session_creator=made) as sess:
+      timer = cancel_in(made.sessions[0],
                         queue.close(cancel_pending_enqueues=True), 0.5)
       try:
         if run == 'MonitoredSession.run':
@@ -60,16 +60,16 @@ def test_a_cancelled_step_is_recovered_like_a_lost_task(run):
           # UnavailableError only: the step's error ends the training.
           with pytest.raises(tf.errors.CancelledError):
             sess.run(enqueue)
-          assert len(creator.sessions) == 1
+          assert len(made.sessions) == 1
           return
-        session.run_step(sess, enqueue)
+        creator.run_step(sess, enqueue)
       finally:
         timer.join()
       # The broken session was closed, a new one created, and the step ran
       # again in it: its queue holds exactly that step's element.
-      assert len(creator.sessions) == 2
-      assert creator.sessions[0]._closed  # pylint: disable=protected-access
-      assert session.run_step(sess, queue.size()) == 1
+      assert len(made.sessions) == 2
+      assert made.sessions[0]._closed  # pylint: disable=protected-access
+      assert creator.run_step(sess, queue.size()) == 1
       assert not sess.should_stop()
 
 

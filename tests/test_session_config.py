@@ -1,9 +1,9 @@
-"""training/session_config.py: each task's threads are its share of the
+"""training/cluster/session_config.py: each task's threads are its share of the
 cores it may use (the quota's side is in test_machines.py)."""
 
 import os
 
-from training import session_config
+from training.cluster import session_config
 
 CORES = len(os.sched_getaffinity(0))  # This machine has no CPU quota.
 WORKERS = ['localhost:2222', 'localhost:2223', 'other:2222']

@@ -1,4 +1,5 @@
-"""The house: one responsibility per module, no cycles, short functions."""
+"""The house: one responsibility per module, rooms that import one way, no
+cycles, short functions."""
 
 import ast
 import glob
@@ -7,11 +8,24 @@ import re
 
 from helpers import ROOT
 
-MODULES = sorted(os.path.relpath(p, ROOT)[:-3].replace('/', '.')
-                 for p in glob.glob(os.path.join(ROOT, '*.py')) +
-                 glob.glob(os.path.join(ROOT, 'training', '*.py')))
-SOURCES = [os.path.join(ROOT, m.replace('.', '/') + '.py')
-           for m in MODULES] + sorted(
+PACKAGE = os.path.join(ROOT, 'training')
+# training/'s rooms: its subpackages.
+ROOMS = sorted(d for d in os.listdir(PACKAGE) if d != '__pycache__' and
+               os.path.isdir(os.path.join(PACKAGE, d)))
+
+
+def module_name(path):
+  """The module a file is: training/graph/__init__.py is training.graph."""
+  name = os.path.relpath(path, ROOT)[:-3].replace('/', '.')
+  return name[:-len('.__init__')] if name.endswith('.__init__') else name
+
+
+# {module: its file}: the article's files, the package and its rooms.
+PATHS = {module_name(p): p for p in glob.glob(os.path.join(ROOT, '*.py')) +
+         glob.glob(os.path.join(PACKAGE, '*.py')) +
+         glob.glob(os.path.join(PACKAGE, '*', '*.py'))}
+MODULES = sorted(PATHS)
+SOURCES = [PATHS[m] for m in MODULES] + sorted(
     glob.glob(os.path.join(ROOT, 'scripts', '*.py')) +
     glob.glob(os.path.join(ROOT, 'tools', '*.py')))
 
@@ -48,9 +62,7 @@ def test_only_the_entry_point_reads_absl_flags():
 
 
 def test_no_import_cycle():
-  graph = {m: imports(os.path.join(ROOT, m.replace('.', '/') + '.py')) &
-           set(MODULES)
-           for m in MODULES}
+  graph = {m: imports(PATHS[m]) & set(MODULES) for m in MODULES}
   done, path = set(), []
 
   def visit(module):
@@ -66,6 +78,47 @@ def test_no_import_cycle():
 
   for module in MODULES:
     visit(module)
+
+
+def test_training_is_six_rooms_or_fewer_and_every_module_in_one():
+  """Nothing the checks cannot see: each room a package of modules, none
+  deeper, none loose beside the rooms."""
+  assert 1 <= len(ROOMS) <= 6, ROOMS
+  found = []
+  for folder, dirs, files in os.walk(PACKAGE):
+    dirs[:] = [d for d in dirs if d != '__pycache__']
+    found += [os.path.join(folder, f) for f in files if f.endswith('.py')]
+  assert sorted(found) == sorted(p for m, p in PATHS.items()
+                                 if m.startswith('training'))
+  assert [os.path.relpath(p, PACKAGE) for p in found
+          if os.path.dirname(p) == PACKAGE] == ['__init__.py']
+  for room in ROOMS:
+    assert os.path.isfile(os.path.join(PACKAGE, room, '__init__.py')), room
+
+
+def may_import(room):
+  """The rooms a room's __init__ docstring says it may import."""
+  doc = ast.get_docstring(tree(PATHS['training.' + room]))
+  said = re.search(r'^May import: (.+)\.$', doc, re.M)
+  assert said, 'training/%s/__init__.py says not what it may import' % room
+  return set() if said.group(1) == 'nothing of training' else set(
+      said.group(1).split(', '))
+
+
+def test_rooms_import_only_what_their_init_allows_one_way():
+  allowed = {room: may_import(room) for room in ROOMS}
+  order = []  # One way: each room allows only rooms before it here.
+  while len(order) < len(ROOMS):
+    ready = [r for r in ROOMS if r not in order and allowed[r] <= set(order)]
+    assert ready, 'rooms that allow each other: %s' % sorted(
+        set(ROOMS) - set(order))
+    order += ready
+  for module in MODULES:
+    parts = module.split('.')
+    if parts[0] == 'training' and len(parts) == 3:
+      used = {n.split('.')[1] for n in imports(PATHS[module])
+              if n.startswith('training.')}
+      assert used <= allowed[parts[1]] | {parts[1]}, (module, used)
 
 
 def test_no_function_over_60_lines():
@@ -189,13 +242,13 @@ def test_one_module_names_the_queues_the_tasks_share():
         for name in names:
           if name in node.value:
             naming.setdefault(os.path.relpath(path, ROOT), set()).add(name)
-  assert naming == {'training/sync_protocol.py': set(names)}
+  assert naming == {'training/graph/sync_protocol.py': set(names)}
 
 
 def test_docs_code_gives_each_module_its_line():
   with open(os.path.join(ROOT, 'docs', 'code.md')) as f:
     rows = re.findall(r'^\| `([\w.]+)` \| .+ \|$', f.read(), re.M)
-  listed = [p for pattern in ('*.py', 'training/*.py', 'scripts/*.py',
+  listed = [p for pattern in ('*.py', 'training/*/*.py', 'scripts/*.py',
                               'scripts/*.sh', 'tools/*.py')
             for p in glob.glob(os.path.join(ROOT, pattern))
             if os.path.basename(p) != '__init__.py']
@@ -213,8 +266,7 @@ def test_the_graph_reads_like_the_article():
 def test_the_package_does_not_import_the_article():
   for module in MODULES:
     if module.startswith('training.'):
-      path = os.path.join(ROOT, module.replace('.', '/') + '.py')
-      assert not imports(path) & ARTICLE, module
+      assert not imports(PATHS[module]) & ARTICLE, module
 
 
 NAMEDTUPLE_API = ('_asdict', '_fields', '_replace', '_make')
@@ -249,10 +301,10 @@ def test_only_the_packing_and_the_compat_module_use_private_api():
   # a partitioned slice's saved name, the global step read of the hooks.
   users = {os.path.relpath(p, ROOT): private_uses(p) for p in SOURCES}
   assert {p: sorted(set(u)) for p, u in users.items() if u} == {
-      'training/transfers.py': sorted([
+      'training/graph/transfers.py': sorted([
           '_get_control_flow_context', '_update_input',
           '_remove_all_control_inputs', '_add_control_inputs']),
-      'training/tf_compat.py': sorted([
+      'training/runtime/tf_compat.py': sorted([
           'tensorflow.python.client', 'tensorflow.python.framework',
           'tensorflow.python.training', '_save_slice_info'])}
 
@@ -275,7 +327,7 @@ def private_comments(path):
 
 
 def test_each_private_use_says_what_breaks():
-  for path in ('training/transfers.py', 'training/tf_compat.py'):
+  for path in ('training/graph/transfers.py', 'training/runtime/tf_compat.py'):
     comments = private_comments(os.path.join(ROOT, path))
     for use in set(private_uses(os.path.join(ROOT, path))):
       assert [c for c in comments if use in c.split(' If ', 1)[0]], (
@@ -284,7 +336,7 @@ def test_each_private_use_says_what_breaks():
                for c in comments), (path, comments)
   # The packing's uses all have a way round: its flag.
   assert all('--nopack_transfers runs without' in c for c in private_comments(
-      os.path.join(ROOT, 'training/transfers.py')))
+      os.path.join(ROOT, 'training/graph/transfers.py')))
 
 
 # What users run to train and use the model; the developers' tools (the
@@ -330,8 +382,8 @@ def slow(node):
   return any('slow' in ast.unparse(d) for d in node.decorator_list)
 
 
-ALL_MODULES = {os.path.relpath(p, ROOT)[:-3].replace('/', '.')
-               for p in SOURCES}
+ALL_PATHS = {module_name(p): p for p in SOURCES}
+ALL_MODULES = set(ALL_PATHS)
 # scripts/ and tools/ are on the tests' path: imported by bare name.
 BARE = {m.split('.')[-1]: m for m in ALL_MODULES
         if m.split('.')[0] in ('scripts', 'tools')}
@@ -410,12 +462,12 @@ def quick_modules(path):
     for source in SOURCES:
       base = os.path.basename(source)
       if any(re.search(r'\b%s\b' % re.escape(base), t) for t in strings):
-        found.add(os.path.relpath(source, ROOT)[:-3].replace('/', '.'))
+        found.add(module_name(source))
   return found
 
 
 # Modules no test needs to reach: the package's marker.
-NO_QUICK_TEST = {'training.__init__'}
+NO_QUICK_TEST = {'training'}
 
 
 def test_every_module_has_a_quick_test():
@@ -432,6 +484,5 @@ def test_every_module_has_a_quick_test():
   while todo:
     module = todo.pop()
     reached.add(module)
-    todo |= product_imports(
-        os.path.join(ROOT, module.replace('.', '/') + '.py')) - reached
+    todo |= product_imports(ALL_PATHS[module]) - reached
   assert sorted(ALL_MODULES - reached - NO_QUICK_TEST) == []

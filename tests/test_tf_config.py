@@ -8,7 +8,7 @@ import pytest
 from helpers import ROOT
 import manifests
 
-from training import cluster_config
+from training.cluster import cluster_config
 import train_distributed
 
 CLUSTER = {'chief': ['c:2222'], 'worker': ['w0:2222', 'w1:2222'],

@@ -27,8 +27,8 @@ import pytest
 from helpers import ROOT, free_ports
 
 sys.path.insert(0, ROOT)
-from training import log_filter  # pylint: disable=g-import-not-at-top,wrong-import-position
-from training import versions  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.runtime import log_filter  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.runtime import versions  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 CHATTER = [
     b'WARNING: All log messages before absl::InitializeLog() is called are '
@@ -213,7 +213,7 @@ def test_each_versions_recorded_run_leaves_only_our_lines(path):
 
 
 def test_the_recorded_runs_span_the_tested_range():
-  # The range the trainer calls tested (training/versions.py), by hand,
+  # The range the trainer calls tested (training/runtime/versions.py), by hand,
   # and a recorded run at each of its ends and at the pinned version.
   assert versions.TESTED == ((2, 16), (2, 23))
   names = [os.path.basename(p)[:-len('.log')] for p in RECORDED]
@@ -229,7 +229,7 @@ def run_python(code, level):
   if level is not None:
     env['TF_CPP_MIN_LOG_LEVEL'] = level
   proc = subprocess.run(
-      [sys.executable, '-c', 'import os\nfrom training import log_filter\n'
+      [sys.executable, '-c', 'import os\nfrom training.runtime import log_filter\n'
        'log_filter.install()\n' + code],
       stderr=subprocess.PIPE, env=env, timeout=60)
   return proc.returncode, proc.stderr
@@ -251,7 +251,7 @@ def test_drain_writes_out_everything_before_os_exit(tmp_path):
   env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL='1')
   with open(log, 'wb') as f:
     proc = subprocess.Popen(
-        [sys.executable, '-c', 'import os\nfrom training import log_filter\n'
+        [sys.executable, '-c', 'import os\nfrom training.runtime import log_filter\n'
          'log_filter.install()\n'
          'os.write(2, %r)\n'
          'log_filter.drain()\n'
@@ -269,7 +269,7 @@ def test_level_0_turns_the_filter_off():
 
 THREADS_PRINTING = r'''
 import sys, threading
-from training import process
+from training.runtime import process
 process.start()
 sys.setswitchinterval(1e-6)  # Threads take turns between any two writes.
 

@@ -20,7 +20,7 @@ from tensorflow.python.training import training_util
 from helpers import SERVERS, worker_graph, free_ports
 
 import train_graph
-from training import learning_rate
+from training.graph import learning_rate
 
 tf1 = tf.compat.v1
 
@@ -100,7 +100,7 @@ STEP_END = 'step_end_weights'
 PUSHED = 'packed'
 # A synchronous step's weights from another ps: joined there once an update,
 # by the chief's update, and read whole by every step
-# (training/ps_gradients.py).
+# (training/graph/ps_gradients.py).
 JOINED = 'joined_weights'
 # An asynchronous step's: joined on the ps by each step (each step updates).
 WEIGHTS = 'packed'

@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from helpers import ROOT, TRAINER, run_in_group, single_process_flags, suite_env
-from training import versions
+from training.runtime import versions
 
 TOOL = os.path.join(ROOT, 'tools', 'tf_versions.py')
 

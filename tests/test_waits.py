@@ -13,7 +13,7 @@ import pytest
 
 from helpers import assert_clean_logs, checkpoint_step, cluster_flags
 from helpers import hosts, wait_until
-from training import liveness
+from training.health import liveness
 
 REPORT = ['--wait_report_secs=2']
 # The first line, the repeat, and the time it takes a loaded machine to

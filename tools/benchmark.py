@@ -44,7 +44,7 @@ from typing import NamedTuple
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, 'scripts'))  # The planner, the data.
-from training import process  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.runtime import process  # pylint: disable=g-import-not-at-top,wrong-import-position
 if __name__ == '__main__':
   process.start()  # Before TensorFlow loads (see import_seconds).
 
@@ -60,7 +60,7 @@ import cpu_peak  # pylint: disable=g-import-not-at-top,wrong-import-position
 import cpu_profile  # pylint: disable=g-import-not-at-top,wrong-import-position
 import make_synthetic_cifar10  # pylint: disable=g-import-not-at-top,wrong-import-position
 import plan_cluster  # pylint: disable=g-import-not-at-top,wrong-import-position
-from training import precision  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.graph import precision  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 tf1 = tf.compat.v1
 BASELINE = benchmark_report.BASELINE

@@ -11,7 +11,7 @@ import json
 import statistics
 
 import cpu_profile
-from training import throughput
+from training.cluster import planner_model
 
 BASELINE = 'single process'  # What each row's 'x single process' is to.
 PEER_ROW = "TF2's ParameterServerStrategy, 1 ps + 2 workers (async)"
@@ -119,7 +119,7 @@ def link_medians(*, name, link, rounds):
 
 def predict_network(network, bytes_):
   """Adds to each limited run the planner's prediction from the unlimited
-  run of the same shape (throughput.predict_step_ms) and its error; and
+  run of the same shape (planner_model.predict_step_ms) and its error; and
   to each run but the 1 ps float32 one its speed-up over that one."""
   def shape(run, **change):
     keys = ('num_workers', 'batch_size', 'num_ps', 'transfer_dtype', 'mbit')
@@ -129,7 +129,7 @@ def predict_network(network, bytes_):
   for run in network.get('runs', []):
     free = by_shape[shape(run, mbit=None)]
     if run['mbit'] is not None:
-      run['predicted_ms'] = throughput.predict_step_ms(
+      run['predicted_ms'] = planner_model.predict_step_ms(
           free['ms_per_step'], bytes_['pull'],
           bytes_['largest_ps_share'][run['num_ps']], run['num_workers'],
           run['mbit'], DTYPE_BYTES[run['transfer_dtype']])

@@ -14,8 +14,8 @@ import threading
 import time
 
 import cpu_profile
-from training import ports
-from training import progress
+from training.cluster import ports
+from training.runtime import progress
 
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 TRAINER = os.path.join(os.path.dirname(TOOLS), 'train_distributed.py')

@@ -45,9 +45,9 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, 'scripts'))  # The planner.
 from benchmark_runs import progress_lines, run_training, stop  # pylint: disable=g-import-not-at-top,wrong-import-position
 import plan_cluster  # pylint: disable=g-import-not-at-top,wrong-import-position
-from training import ports  # pylint: disable=g-import-not-at-top,wrong-import-position
-from training import process  # pylint: disable=g-import-not-at-top,wrong-import-position
-from training import progress  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.cluster import ports  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.runtime import process  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.runtime import progress  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 TRAINER = os.path.join(ROOT, 'train_distributed.py')
 POLL_SECS = 0.2

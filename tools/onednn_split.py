@@ -29,7 +29,7 @@ import tempfile
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, ROOT)
-from training import progress  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.runtime import progress  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def parse_args(argv):

@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, 'scripts'))  # The planner's calibration.
 from calibrate_planner import cpu_ms  # pylint: disable=wrong-import-position
-from training import ports  # pylint: disable=wrong-import-position
+from training.cluster import ports  # pylint: disable=wrong-import-position
 
 STEP = re.compile(r': step (\d+),')
 

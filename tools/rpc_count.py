@@ -33,8 +33,8 @@ import hpack
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from training import ports  # pylint: disable=wrong-import-position
-from training import process  # pylint: disable=wrong-import-position
+from training.cluster import ports  # pylint: disable=wrong-import-position
+from training.runtime import process  # pylint: disable=wrong-import-position
 
 PREFACE = b'PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n'
 DATA, HEADERS, CONTINUATION = 0x0, 0x1, 0x9

@@ -3,7 +3,7 @@
 Reads the runs tools/scaling_run.py measured (scaling.json): each point's
 median images/s and spread over the rounds, its efficiency against linear
 (the workers times 1 worker + 1 ps in the same round), and the planner's
-prediction (training/throughput.py) from one process's step on one
+prediction (training/cluster/planner_model.py) from one process's step on one
 machine (the median of the rounds'); writes the Markdown table and the
 figure of images/s against workers.
 """
@@ -13,7 +13,7 @@ import os
 import statistics
 
 import plan_cluster
-from training import throughput
+from training.cluster import planner_model
 
 MODES = ('sync', 'backup', 'async')
 
@@ -21,7 +21,7 @@ MODES = ('sync', 'backup', 'async')
 def predicted(*, step_ms, step_cv, mode, num_workers, num_ps, mbit, share,
               batch_size):
   """The planner's images/s for a point."""
-  return throughput.predict_images_per_sec(
+  return planner_model.predict_images_per_sec(
       step_ms=step_ms, model_bytes=plan_cluster.network_bytes(),
       share=plan_cluster.largest_shares(16)[num_ps],
       num_workers=num_workers, num_ps=num_ps, mbit=mbit,

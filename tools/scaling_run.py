@@ -44,8 +44,8 @@ import machines  # pylint: disable=g-import-not-at-top,wrong-import-position
 import network_namespaces  # pylint: disable=g-import-not-at-top,wrong-import-position
 import plan_cluster  # pylint: disable=g-import-not-at-top,wrong-import-position
 import scaling_report  # pylint: disable=g-import-not-at-top,wrong-import-position
-from training import process  # pylint: disable=g-import-not-at-top,wrong-import-position
-from training import throughput  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.cluster import planner_model  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.runtime import process  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 MODES = scaling_report.MODES
 
@@ -138,7 +138,7 @@ def parse_args(argv):
   try:
     if args.constants and not problem:
       print('The planner with the constants measured on %s' %
-            throughput.load_constants(args.constants))
+            planner_model.load_constants(args.constants))
   except (OSError, ValueError) as e:
     problem = '--constants=%s: %s' % (args.constants, e)
   if problem:

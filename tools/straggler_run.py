@@ -32,9 +32,9 @@ import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from training import ports  # pylint: disable=g-import-not-at-top,wrong-import-position
-from training import process  # pylint: disable=g-import-not-at-top,wrong-import-position
-from training import progress  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.cluster import ports  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.runtime import process  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.runtime import progress  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 TRAINER = os.path.join(ROOT, 'train_distributed.py')
 CASES = ('healthy', 'slow', 'slow_noaside', 'lost')
@@ -121,7 +121,7 @@ def pace(pid, done, stop_ms=20, run_ms=10):
 def probe_tokens(ps, done, sizes):
   """Reads the token queue's size on the ps every 0.25 s into sizes."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from training import sync_protocol  # pylint: disable=g-import-not-at-top
+  from training.graph import sync_protocol  # pylint: disable=g-import-not-at-top
   tf1 = tf.compat.v1
   with tf.Graph().as_default():
     size = sync_protocol.token_queue(types.SimpleNamespace(

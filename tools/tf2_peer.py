@@ -27,13 +27,13 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from training import process  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.runtime import process  # pylint: disable=g-import-not-at-top,wrong-import-position
 if __name__ == '__main__':
   process.start()  # Before TensorFlow loads.
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from training import data_layout  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.storage import data_layout  # pylint: disable=g-import-not-at-top,wrong-import-position
 import cifar10_input  # pylint: disable=g-import-not-at-top,wrong-import-position
 import cifar10_model  # pylint: disable=g-import-not-at-top,wrong-import-position
 

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from training import data_layout  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training.storage import data_layout  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # cifar10_model's constants (that module imports TensorFlow).
 WEIGHT_DECAY = 0.004

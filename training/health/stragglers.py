@@ -22,7 +22,7 @@ import time
 
 import tensorflow as tf
 
-from training import sync_protocol
+from training.graph import sync_protocol
 
 tf1 = tf.compat.v1
 

@@ -14,7 +14,7 @@ import platform
 import sys
 import threading
 
-from training import log_filter
+from training.runtime import log_filter
 
 
 def start():

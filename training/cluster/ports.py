@@ -12,7 +12,7 @@ the test suite does for its two workers.
 scripts/run_local_cluster.sh runs it (it prints them), the tools and the
 tests import it:
 
-  python3 training/ports.py 3     # e.g. 14231 18775 11092
+  python3 training/cluster/ports.py 3     # e.g. 14231 18775 11092
 """
 
 import os

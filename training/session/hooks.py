@@ -4,8 +4,7 @@ SyncReplicasHook starts and stops the chief's sync thread cleanly;
 CheckpointSaverHook saves, and says in one line why a save failed;
 SkippedStepsHook and LearningRateLineHook say what the loss scale and the
 learning rate did; StopOnSignalHook makes SIGINT/SIGTERM checkpoint and
-exit. The hooks that watch who of the cluster is there are in presence.py,
-the one that traces steps in tracing.py.
+exit. Those that watch who is there are health's, the tracer tracing.py.
 """
 
 import os
@@ -16,14 +15,15 @@ import threading
 from google.protobuf import text_format
 import tensorflow as tf
 
-from training import checkpoints
-from training import chief_start
-from training import learning_rate
-from training import liveness
-from training import process
-from training import ps_gradients
-from training import sync_protocol
-from training import tf_compat
+from training.graph import learning_rate
+from training.graph import ps_gradients
+from training.graph import sync_protocol
+from training.health import liveness
+from training.runtime import log_filter
+from training.runtime import process
+from training.runtime import tf_compat
+from training.session import chief_start
+from training.storage import checkpoints
 
 tf1 = tf.compat.v1
 
@@ -99,7 +99,7 @@ class SyncReplicasHook(tf1.train.SessionRunHook):
           return
         print('Worker 0: an update of the gradients failed (%s: %s), yet '
               'the training steps go on: updating again' % (
-                  type(e).__name__, checkpoints.first_line(e)),
+                  type(e).__name__, log_filter.first_line(e)),
               file=sys.stderr, flush=True)
       except Exception as e:  # pylint: disable=broad-except
         coord.request_stop(e)
@@ -215,7 +215,7 @@ class CheckpointSaverHook(tf1.train.SessionRunHook):
     except liveness.LOST_TASK_ERRORS as e:  # Before the save.
       error = checkpoints.write_failure(
           self._train_dir, None, e, liveness.lost_ps(self._ps_hosts) or
-          checkpoints.first_line(e))
+          log_filter.first_line(e))
     except checkpoints.LostPsError as e:  # The save's.
       error = e
     print('Error: %s' % error, file=sys.stderr, flush=True)
@@ -232,7 +232,7 @@ class CheckpointSaverHook(tf1.train.SessionRunHook):
         raise  # A lost ps: MonitoredSession waits for it and recovers.
       raise checkpoints.write_failure(
           self._train_dir, step, e, liveness.lost_ps(self._ps_hosts) or
-          checkpoints.first_line(e)) from e
+          log_filter.first_line(e)) from e
     except tf.errors.OpError as e:
       raise checkpoints.write_failure(self._train_dir, step, e) from e
     events_writer(self._train_dir).add_session_log(tf1.SessionLog(
@@ -389,7 +389,7 @@ class StopOnSignalHook(tf1.train.SessionRunHook):
     last, _ = checkpoints.newest_readable(self._train_dir)
     return 'could not write a checkpoint%s; %s' % (
         ': %s cannot be reached' % lost if lost else
-        ' (%s)' % checkpoints.first_line(error),
+        ' (%s)' % log_filter.first_line(error),
         'the last one, %s, is kept' % last if last else 'there is none yet')
 
   def _exit_now(self, read_fd):

@@ -15,9 +15,9 @@ import time
 
 import tensorflow as tf
 
-from training import checkpoints
-from training import liveness
-from training import sync_protocol
+from training.graph import sync_protocol
+from training.health import liveness
+from training.runtime import log_filter
 
 tf1 = tf.compat.v1
 
@@ -223,9 +223,9 @@ def _run_bounded(master, config, task_index, ps_index, ops):
           try:
             results[op] = sess.run(op.outputs[0] if op.outputs else op)
           except tf.errors.OpError as e:
-            errors.append(checkpoints.first_line(e))
+            errors.append(log_filter.first_line(e))
     except Exception as e:  # pylint: disable=broad-except
-      errors.append('%s: %s' % (type(e).__name__, checkpoints.first_line(e)))
+      errors.append('%s: %s' % (type(e).__name__, log_filter.first_line(e)))
 
   thread = threading.Thread(target=run, daemon=True, name='done_%d' % ps_index)
   thread.start()

@@ -12,7 +12,7 @@ import weakref
 
 import tensorflow as tf
 
-from training import ps_gradients
+from training.graph import ps_gradients
 
 tf1 = tf.compat.v1
 

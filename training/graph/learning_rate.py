@@ -35,7 +35,6 @@ import math
 
 import tensorflow as tf
 
-from training import earlier_releases
 
 tf1 = tf.compat.v1
 
@@ -130,12 +129,11 @@ def depends_on(kind, scaling):
   return fields
 
 
-def changes(recorded, schedule):
-  """What differs between a recorded schedule (a dict of Schedule's fields;
-  None: a run of an earlier release) and this one, among the fields either
-  rate depends on: ['--max_steps 4700 -> 9400', ...], in Schedule's order.
-  A longer run of the exponential schedule changes nothing."""
-  before = earlier_releases.SCHEDULE if recorded is None else recorded
+def changes(before, schedule):
+  """What differs between a recorded schedule (a dict of Schedule's fields,
+  or those known of an earlier release's) and this one, among the fields
+  either rate depends on: ['--max_steps 4700 -> 9400', ...], in Schedule's
+  order. A longer run of the exponential schedule changes nothing."""
   now = schedule._asdict()
   matter = depends_on(now['kind'], now['scaling']) | depends_on(
       before.get('kind'), before.get('scaling'))

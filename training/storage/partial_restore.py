@@ -10,7 +10,7 @@ accumulators this run leaves unused. Each case is said in one line.
 
 import tensorflow as tf
 
-from training import checkpoints
+from training.storage import checkpoints
 
 tf1 = tf.compat.v1
 

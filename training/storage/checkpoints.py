@@ -5,7 +5,7 @@ Restoring a checkpoint of another model fails deep inside a session with a
 long traceback (the chief) or not at all (the evaluator would skip it
 forever); both check the names and shapes first and stop with one line. A
 checkpoint that lacks only what the code can rebuild (an earlier release's,
-without the moving averages: earlier_releases.py) is resumed, not refused.
+without the moving averages: records.py) is resumed, not refused.
 A checkpoint whose files are damaged (truncated by a crash or a full disk)
 is skipped for the newest one that reads back whole, and never deleted. A
 save that fails (disk full, read-only, quota) leaves the last good
@@ -21,7 +21,8 @@ import shutil
 
 import tensorflow as tf
 
-from training import tf_compat
+from training.runtime import log_filter
+from training.runtime import tf_compat
 
 tf1 = tf.compat.v1
 
@@ -98,21 +99,6 @@ def missing_from(checkpoint, variables):
   return [v for v in variables if saved_name_and_shape(v)[0] not in saved]
 
 
-def first_line(error):
-  """What a TensorFlow error says first, on one line, without its node list.
-
-  A session's error opens with 'Graph execution error:' and often a line of
-  '=' before the status, 'UNAVAILABLE: From /job:ps/replica:0/task:1:',
-  then what happened on the next line, 'Socket closed': those two go
-  together.
-  """
-  lines = [l.strip() for l in str(error).splitlines()]
-  lines = [l for l in lines if l and l != 'Graph execution error:' and
-           not l.startswith(('=', '[['))]
-  return ' '.join(lines[:2]) if lines and lines[0].endswith(':') else (
-      lines[0] if lines else 'no detail')
-
-
 def unreadable(checkpoint):
   """Returns why checkpoint cannot be read back whole, or None.
 
@@ -125,7 +111,7 @@ def unreadable(checkpoint):
       reader.get_tensor(name)
   # The reader's C++ errors arrive as Python's: a short read as IndexError.
   except (tf.errors.OpError, ValueError, IndexError, RuntimeError) as e:
-    return first_line(e)
+    return log_filter.first_line(e)
   return None
 
 
@@ -308,7 +294,7 @@ def write_failure(train_dir, step, error, lost=None):
         pass
   text = str(error)
   cause = lost or next((f for f in WRITE_FAILURES if f in text),
-                       first_line(error))
+                       log_filter.first_line(error))
   last, _ = newest_readable(train_dir)
   return (LostPsError if lost else WriteError)(
       'cannot write the %s in %s: %s. %s; %s' % (

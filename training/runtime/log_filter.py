@@ -1,4 +1,5 @@
-"""Keeps TensorFlow's C++ chatter out of the terminal; real problems pass.
+"""Keeps TensorFlow's C++ chatter out of the terminal; real problems pass;
+and a TensorFlow error said in one line (first_line).
 
 A healthy task printed more TensorFlow C++ log lines than lines of ours, and
 several read as failures: `E... failed call to cuInit` on every CPU machine,
@@ -222,3 +223,18 @@ def _main(level, ack_fd):
 
 if __name__ == '__main__':
   _main(*sys.argv[1:])
+
+
+def first_line(error):
+  """What a TensorFlow error says first, on one line, without its node list.
+
+  A session's error opens with 'Graph execution error:' and often a line of
+  '=' before the status, 'UNAVAILABLE: From /job:ps/replica:0/task:1:',
+  then what happened on the next line, 'Socket closed': those two go
+  together.
+  """
+  lines = [l.strip() for l in str(error).splitlines()]
+  lines = [l for l in lines if l and l != 'Graph execution error:' and
+           not l.startswith(('=', '[['))]
+  return ' '.join(lines[:2]) if lines and lines[0].endswith(':') else (
+      lines[0] if lines else 'no detail')

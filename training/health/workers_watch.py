@@ -2,7 +2,7 @@
 
 A worker seen once whose port then refuses or does not answer for
 --lost_worker_secs is lost (liveness.Tracker); one that makes no step for
-that long while the updates wait for it alone is hung (pace.PaceJudge).
+that long while the updates wait for it alone is hung (stragglers.PaceJudge).
 Either is named, and in synchronous training the workers left compute its
 share of each update: SyncReplicasOptimizer's tokens are not per worker,
 but the token it took for its step in flight went with it, and with every
@@ -10,7 +10,7 @@ other worker waiting for a token and the update one gradient short,
 nothing moves. When the chief sees that (no token in the queue, fewer
 gradients than an update takes, the global step still) it puts that one
 token back, at the global step. A worker that lags is set aside
-(pace.StandAsideHook) and taken back when it keeps pace.
+(stragglers.StandAsideHook) and taken back when it keeps pace.
 """
 
 import threading
@@ -18,9 +18,9 @@ import time
 
 import tensorflow as tf
 
-from training import liveness
-from training import pace
-from training import sync_protocol
+from training.graph import sync_protocol
+from training.health import liveness
+from training.health import stragglers
 
 tf1 = tf.compat.v1
 
@@ -52,7 +52,7 @@ class LostWorkersHook(tf1.train.SessionRunHook):
       self._marks = [sync_protocol.set_aside(global_step, i)
                      for i in range(len(worker_hosts))]
     self._session = None
-    self._pace = pace.PaceJudge(len(worker_hosts), liveness.LOST_SECS)
+    self._pace = stragglers.PaceJudge(len(worker_hosts), liveness.LOST_SECS)
     # One read at a time each, so that none piles up on a hung ps.
     self._read, self._joins, self._refills = (
         liveness.BoundedRead(), liveness.BoundedRead(),

@@ -1,15 +1,15 @@
 """Which session hooks a worker runs, and in what order: TensorFlow's
-(NaN, stop at a step, summaries) and the suite's (training/hooks.py,
-presence.py, tracing.py), as the worker's role and the cluster call for.
+(NaN, stop at a step, summaries) and the suite's (training/session/hooks.py,
+membership.py, tracing.py), as the worker's role and the cluster call for.
 """
 
 import tensorflow as tf
 
-from training import hooks as session_hooks
-from training import pace
-from training import presence
-from training import tracing
-from training import workers_watch
+from training.health import membership
+from training.health import stragglers
+from training.health import workers_watch
+from training.session import hooks as session_hooks
+from training.session import tracing
 
 tf1 = tf.compat.v1
 
@@ -51,16 +51,16 @@ def in_order(*, graph, scaffold, train_dir, task, single_process,
     hooks.append(session_hooks.SyncReplicasHook(
         graph.sync_opt, is_chief, graph.global_step))
   if not single_process:
-    hooks.append(presence.JoinedWorkersHook(task_index, task.worker_hosts,
+    hooks.append(membership.JoinedWorkersHook(task_index, task.worker_hosts,
                                             sync_replicas))
-    hooks.append(presence.PsWatchHook(task_index, task.ps_hosts))
+    hooks.append(membership.PsWatchHook(task_index, task.ps_hosts))
     hooks.append(workers_watch.LostWorkersHook(
         worker_hosts=task.worker_hosts, ps_hosts=task.ps_hosts,
         global_step=graph.global_step, replicas=sync_replicas,
-        set_aside=set_aside) if is_chief else presence.ChiefWatchHook(
+        set_aside=set_aside) if is_chief else membership.ChiefWatchHook(
             task_index, task.worker_hosts[0], graph.global_step, max_steps))
     if sync_replicas and not is_chief:
-      hooks.append(pace.StandAsideHook(
+      hooks.append(stragglers.StandAsideHook(
           task_index=task_index, global_step=graph.global_step,
           gradients=graph.gradients, max_steps=max_steps))
   if graph.loss_scaling and is_chief:

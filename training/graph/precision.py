@@ -9,7 +9,7 @@ float16 gradients need a loss scale (LossScaled); bfloat16's do not.
 
 import tensorflow as tf
 
-from training.cluster_config import UsageError
+from training.cluster.cluster_config import UsageError
 
 tf1 = tf.compat.v1
 
@@ -223,7 +223,7 @@ class LossScaled(tf1.train.Optimizer):
         if isinstance(grad, tf.IndexedSlices):
           raise TypeError('no sparse gradients here (%s)' % var.name)
         # Where the gradient is, on the worker: it then crosses once, to
-        # its variable's ps (packed there by training/transfers.py).
+        # its variable's ps (packed there by training/graph/transfers.py).
         with tf1.colocate_with(grad):
           grad = grad * tf.math.reciprocal(scale)
       unscaled.append((grad, var))

@@ -10,7 +10,7 @@ import os
 
 import tensorflow as tf
 
-from training.cluster_config import UsageError
+from training.cluster.cluster_config import UsageError
 
 tf1 = tf.compat.v1
 

@@ -6,11 +6,10 @@ import sys
 
 import tensorflow as tf
 
-from training import checkpoints
-from training import export_record
-from training import partial_restore
-from training import placement
-from training import run_records
+from training.graph import placement
+from training.storage import checkpoints
+from training.storage import partial_restore
+from training.storage import records
 
 tf1 = tf.compat.v1
 
@@ -18,7 +17,7 @@ tf1 = tf.compat.v1
 def chief_start(train_dir, data, new_data, max_steps, num_ps, schedule,
                 shadows, *, standardize=True):
   """What the chief says and checks before its session: the data it trains
-  on (run_records.check_data_record), what it resumes, a schedule of the
+  on (records.check_data_record), what it resumes, a schedule of the
   learning rate that changed, a run already at max_steps, and what each ps
   holds.
 
@@ -32,7 +31,7 @@ def chief_start(train_dir, data, new_data, max_steps, num_ps, schedule,
     shadows: {moving average: its weight}: the averages a checkpoint of an
       earlier release may lack and that start from their weights.
     standardize: --standardize, recorded for scripts/export_model.py with
-      the class names (export_record).
+      the class names (records.write_export).
 
   Returns:
     The checkpoints.Resume to resume from, or None.
@@ -44,11 +43,11 @@ def chief_start(train_dir, data, new_data, max_steps, num_ps, schedule,
                                                   tf1.global_variables())
   if unused:
     say_as_chief(unused)
-  run_records.check_data_record(train_dir, data, resume, new_data,
+  records.check_data_record(train_dir, data, resume, new_data,
                                 say_as_chief)
-  run_records.check_schedule_record(train_dir, schedule, resume,
+  records.check_schedule_record(train_dir, schedule, resume,
                                     say_as_chief)
-  export_record.write(train_dir, data['data_dir'], standardize=standardize)
+  records.write_export(train_dir, data['data_dir'], standardize=standardize)
   if resume and resume.step >= max_steps:
     say_as_chief('%s is at global step %d, at or past --max_steps=%d: '
                  'nothing to train, it stops at once (raise --max_steps to '

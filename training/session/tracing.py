@@ -6,7 +6,7 @@ import re
 
 import tensorflow as tf
 
-from training import tf_compat
+from training.runtime import tf_compat
 
 tf1 = tf.compat.v1
 

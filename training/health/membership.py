@@ -13,8 +13,8 @@ import time
 
 import tensorflow as tf
 
-from training import liveness
-from training import sync_protocol
+from training.graph import sync_protocol
+from training.health import liveness
 
 tf1 = tf.compat.v1
 

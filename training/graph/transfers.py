@@ -19,9 +19,9 @@ import collections
 
 import tensorflow as tf
 
-from training import ps_gradients
-from training import sync_protocol
-from training import tf_compat
+from training.graph import ps_gradients
+from training.graph import sync_protocol
+from training.runtime import tf_compat
 
 tf1 = tf.compat.v1
 

@@ -12,10 +12,10 @@ import sys
 
 import tensorflow as tf
 
-from training import checkpoints
-from training import liveness
-from training import partial_restore
-from training.chief_start import say_as_chief
+from training.health import liveness
+from training.session.chief_start import say_as_chief
+from training.storage import checkpoints
+from training.storage import partial_restore
 
 tf1 = tf.compat.v1
 

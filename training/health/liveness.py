@@ -21,7 +21,7 @@ import time
 import grpc
 import tensorflow as tf
 
-from training import checkpoints
+from training.runtime import log_filter
 
 # --lost_worker_secs and --wait_report_secs; configure() sets them.
 LOST_SECS = 10
@@ -254,7 +254,7 @@ class ReportLostTask(logging.Filter):
     message = record.getMessage()
     if message.startswith(self.PREFIX):
       print('Worker %d: lost a task of the cluster (%s); waiting for it to '
-            'come back' % (self._task_index, checkpoints.first_line(
+            'come back' % (self._task_index, log_filter.first_line(
                 message.split(' Error: ', 1)[-1])), file=sys.stderr,
             flush=True)
     return False
