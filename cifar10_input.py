@@ -37,7 +37,7 @@ MAX_MIN_QUEUE_EXAMPLES = 20000
 # commented out: pad 4 pixels and crop back, flip, jitter brightness/contrast.
 # The padding is a flag (--crop_padding): Fashion-MNIST's 28x28 photos,
 # centred on a black 32x32 and never shifted in its test set, learn better
-# in 20 epochs without crops (docs/performance.md#accuracy).
+# in 20 epochs without crops (docs/accuracy.md).
 PAD_PIXELS = 4
 # Records a preprocessing thread reads and transforms per session call.
 RECORDS_PER_READ = 32

@@ -94,7 +94,7 @@ def fewest_within(rows, within=WITHIN):
 
 # The README's "How many ps tasks?" table (--typical): a CPU-class worker
 # computes a step of batch 128 in 45 ms (one process on the 2-core machine
-# of docs/performance.md: 44-48 ms in its runs); a GPU-class one in 5 ms,
+# of docs/scaling.md: 44-48 ms in its runs); a GPU-class one in 5 ms,
 # an assumed figure (no GPU has been measured here); every machine of
 # AT_SCALE_CORES cores, the RPCs' CPU counted.
 TYPICAL_WORKERS = (8, 32, 128)
@@ -119,7 +119,7 @@ def add_cluster_args(parser):
                       help="the spread of a worker's sec/batch (deviation "
                       'over mean): an update waits for the slowest worker')
   parser.add_argument('--at_scale', action='store_true', help='docs/'
-                      "performance.md's table: the fewest ps, the efficiency "
+                      "scaling.md's table: the fewest ps, the efficiency "
                       'and its bound for 8 to 128 GPU-class workers')
 
 
@@ -179,7 +179,7 @@ def usage_problem(args):
         args.training != 'sync' or args.step_cv or args.optimizer != 'sgd'):
       return ('%s prints %s table for its own clusters; drop --%s, or drop '
               '%s' % (which, 'the README\'s' if args.typical else
-                      'docs/performance.md\'s', given[0] if given else
+                      'docs/scaling.md\'s', given[0] if given else
                       'batch_size/--transfer_dtype/--training/--step_cv/'
                       '--optimizer', which))
     needed = []
@@ -269,7 +269,7 @@ TRAINING_NAMES = {'sync': 'synchronous workers',
                   'backup': 'synchronous workers, one of them a backup,',
                   'async': 'asynchronous workers'}
 
-# docs/performance.md's table (--at_scale): GPU-class steps of batch 128 on
+# docs/scaling.md's table (--at_scale): GPU-class steps of batch 128 on
 # machines of 16 cores, every ps and worker on a link of its own, the steps
 # spread by 5% (assumed: a GPU's steps vary less than a CPU share's).
 AT_SCALE_WORKERS = (8, 32, 128)

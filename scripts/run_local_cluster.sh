@@ -51,7 +51,8 @@ train_distributed.py on free localhost ports and waits for them.
                              ./models_cifar10); an existing checkpoint is
                              resumed: the script says from which step, and a
                              run already at --max_steps stops at once
-  --log_dir=DIR              one log file per task (default: $log_dir)
+  --log_dir=DIR              one log file per task (default: $log_dir); the
+                             run before's are kept in DIR/previous
   --async                    asynchronous training (default: synchronous)
   --replicas_to_aggregate=N  gradients per update in synchronous training
                              (default: the number of workers)
@@ -81,7 +82,7 @@ die() {
 set_option() {  # set_option NAME VALUE
   case $1 in
     num_ps|num_workers|worker_slots|max_steps|batch_size|replicas_to_aggregate|num_gpus|tensorboard)
-      [[ $2 =~ ^[0-9]+$ ]] || die "--$1 needs a number, got '$2'"
+      [[ $2 =~ ^[0-9]+$ ]] || die "--$1 must be a whole number (0, 1, 2...), got '$2'"
       printf -v "$1" '%s' "$2" ;;
     data_dir|train_dir|log_dir)
       [ -n "$2" ] || die "--$1 needs a directory"
@@ -142,12 +143,31 @@ done
 ((max_steps >= 1)) || die "--max_steps must be at least 1"
 ((batch_size >= 1)) || die "--batch_size must be at least 1"
 if ((synthetic)); then
-  : "${data_dir:=./synthetic-cifar-10-batches-bin}" "${train_dir:=./models_cifar10_synthetic}"
+  default_data_dir=./synthetic-cifar-10-batches-bin
+  : "${train_dir:=./models_cifar10_synthetic}"
 else
-  : "${data_dir:=./cifar-10-batches-bin}" "${train_dir:=./models_cifar10}"
+  default_data_dir=./cifar-10-batches-bin
+  : "${train_dir:=./models_cifar10}"
 fi
+: "${data_dir:=$default_data_dir}"
 
-# Data first: nothing is started until it is there.
+# Data first: nothing is started until it is there. A folder given that
+# does not exist is a typo more often than a wish for a new download.
+if [ "$data_dir" != "$default_data_dir" ] && [ ! -e "$data_dir" ]; then
+  near=$("$python" - "$data_dir" 2> /dev/null <<'EOF'
+import difflib, os, sys
+path = os.path.normpath(sys.argv[1])
+parent = os.path.dirname(path) or '.'
+names = [n for n in os.listdir(parent)
+         if os.path.isdir(os.path.join(parent, n))] if os.path.isdir(
+             parent) else []
+close = difflib.get_close_matches(os.path.basename(path), names, 1, 0.6)
+print(os.path.join(os.path.dirname(sys.argv[1].rstrip('/')), close[0])
+      if close else '')
+EOF
+)
+  die "--data_dir=$data_dir does not exist${near:+ (did you mean $near?)}: give the folder that holds the data, or make it (mkdir) to have the script fill it"
+fi
 if ! compgen -G "$data_dir/data_batch_*.bin" > /dev/null ||
    [ ! -f "$data_dir/test_batch.bin" ]; then
   if ((synthetic)); then
@@ -169,6 +189,14 @@ if ((fresh_start)); then
 fi
 mkdir -p "$log_dir" || die "cannot create --log_dir=$log_dir"
 log_dir=$(cd "$log_dir" && pwd)
+# The run before's logs are kept, in previous/ (the one before that's go).
+kept=""
+if compgen -G "$log_dir/*.log" > /dev/null; then
+  rm -rf "$log_dir/previous" && mkdir "$log_dir/previous" &&
+    mv "$log_dir"/*.log "$log_dir/previous/" ||
+    die "cannot keep the run before's logs in $log_dir/previous"
+  kept=" (the run before's in $log_dir/previous)"
+fi
 # What it trains on (the chief checks it against what --train_dir was
 # trained on), and from where.
 "$python" - "$root" "$data_dir" <<'EOF' || exit 2
@@ -273,7 +301,7 @@ trap 'interrupted interrupted 130' INT
 trap 'interrupted terminated 143' TERM
 trap stop_all EXIT
 
-echo "Logs: $log_dir/{ps0..,worker0..,evaluator}.log"
+echo "Logs: $log_dir/{ps0..,worker0..,evaluator}.log$kept"
 echo "Cluster: ps $ps_hosts; workers $worker_hosts; train_dir $train_dir"
 for ((i = 0; i < num_ps; i++)); do
   start "ps$i" "" --job_name=ps --task_index=$i "${flags[@]}"
@@ -296,9 +324,10 @@ if [ -n "$tensorboard" ]; then
   echo "TensorBoard: http://localhost:$tensorboard/ (log: $log_dir/tensorboard.log)"
 fi
 
-# The chief's progress and the evaluator's results, until this script ends.
+# The chief's progress and the evaluator's results, until this script ends
+# (a task's error ends it too, and fail() shows that task's log: once).
 tail -n +1 -F "$log_dir/worker0.log" "$log_dir/evaluator.log" 2> /dev/null \
-  > >(grep --line-buffered -E 'Train accuracy|Test accuracy|^Error|^Worker 0: (resuming|the ps tasks hold|.* has no moving averages|--new_data|all [0-9]+ workers have joined|lost worker)|^Evaluator: .* evaluated already') &
+  > >(grep --line-buffered -E 'Train accuracy|Test accuracy|^Worker 0: (resuming|the ps tasks hold|.* has no moving averages|--new_data|all [0-9]+ workers have joined|lost worker)|^Evaluator: .* evaluated already') &
 tail_pid=$!
 
 fail() {  # fail NAME MESSAGE

@@ -80,8 +80,8 @@ def misclassified(data_dir, train_dir, num):
   """
   checkpoint = tf.train.latest_checkpoint(train_dir)
   if checkpoint is None:
-    sys.exit('show_inputs.py: error: no checkpoint in --train_dir=%s' %
-             train_dir)
+    fail('no checkpoint in --train_dir=%s: train it first, or drop '
+         '--train_dir' % train_dir)
   path = os.path.join(data_dir, 'test_batch.bin')
   records = np.fromfile(path, np.uint8).reshape(-1, cifar10_input.RECORD_BYTES)
   labels = records[:, 0].astype(np.int32)
@@ -138,6 +138,12 @@ def draw(panels, out):
   plt.close(fig)
 
 
+def fail(message):
+  """Ends with one line and status 2, as the suite's other scripts do."""
+  print('Error: %s' % message, file=sys.stderr)
+  sys.exit(2)
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   parser.add_argument('--data_dir', default='./cifar-10-batches-bin')
@@ -155,15 +161,14 @@ def main(argv=None):
                       '%(default)s)')
   args = parser.parse_args(argv)
   tf1.disable_eager_execution()
+  if args.crop_padding < 0:
+    fail('--crop_padding must be 0 or more (got %d)' % args.crop_padding)
   try:
     files, _ = cifar10_input.check_data(args.data_dir, eval_data=False)
   except cifar10_input.DataError as e:
-    sys.exit('show_inputs.py: error: %s' % e)
+    fail(str(e))
   names = class_names(args.data_dir)
   first = sorted(files)[0]
-  if args.crop_padding < 0:
-    sys.exit('show_inputs.py: error: --crop_padding must be 0 or more (got '
-             '%d)' % args.crop_padding)
   plain, network, labels = read_records(first, args.num, args.seed,
                                         args.crop_padding)
   captions = [names[l] for l in labels]

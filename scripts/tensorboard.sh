@@ -9,6 +9,17 @@
 #   bash scripts/tensorboard.sh --logdir=./models_cifar10
 set -u
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# A --logdir with no summaries yet shows an empty page: say so once.
+logdir=""
+for ((i = 1; i <= $#; i++)); do
+  case ${!i} in
+    --logdir=*) logdir=${!i#--logdir=} ;;
+    --logdir) j=$((i + 1)); logdir=${!j:-} ;;
+  esac
+done
+if [ -n "$logdir" ] && [ -z "$(find "$logdir" -name 'events.out.tfevents.*' -print -quit 2> /dev/null)" ]; then
+  echo "tensorboard.sh: no summaries in --logdir=$logdir yet: the page stays empty until the chief or the evaluator writes there (the tasks' --train_dir)" >&2
+fi
 # sys.path: the checkout (for training/), not the current folder, where a
 # folder named tensorboard would take TensorBoard's place.
 exec "${PYTHON:-python3}" -c '

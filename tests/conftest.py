@@ -2,23 +2,25 @@
 trainer's flags, the fork server stopped, each test's environment restored,
 and two tests at a time (pytest-xdist) but for those marked alone. What the
 tests share besides is in helpers.py (importing it sets up the suite's
-environment: see helpers.from_caller)."""
+environment: see suite_env.from_caller)."""
 
 import fcntl
 import os
 
 import pytest
 
+import forkserver_client
 import helpers
+import suite_env
 import make_synthetic_cifar10  # From scripts/, on the path helpers sets.
 
 
 def pytest_report_header():
   """Says which of the caller's variables the suite does not pass on."""
-  if helpers.DROPPED_FROM_CALLER:
+  if suite_env.DROPPED_FROM_CALLER:
     return ['environment: not passed on to the tests and their tasks: ' +
             ' '.join('%s=%r' % kv for kv in sorted(
-                helpers.DROPPED_FROM_CALLER.items()))]
+                suite_env.DROPPED_FROM_CALLER.items()))]
   return []
 
 
@@ -73,7 +75,7 @@ def tiny_data(tmp_path_factory):
 @pytest.fixture(scope='session', autouse=True)
 def _stop_fork_server():
   yield
-  helpers.FORK_SERVER.stop()
+  forkserver_client.FORK_SERVER.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,7 @@ the scripts' tests).
 The server is the children's parent: it reaps them and writes each exit
 status, as subprocess.Popen reports it (-N for signal N), to
 STATUS_DIR/N.status, N the request's number (PIDs come back: 32768 of them
-here, and TensorFlow's threads use them up too). helpers.ForkedProcess
+here, and TensorFlow's threads use them up too). forkserver_client.ForkedProcess
 reads it, and signals the child through a pidfd, which never reaches
 another process that got its PID.
 

@@ -1,15 +1,13 @@
-"""What the tests share: the suite's environment, free ports, the processes
-a test starts (most from the fork server, tests/forkserver.py), the flags
-of a cluster, and readers of checkpoints and logs.
+"""What the tests share: the processes a test starts (most from the fork
+server: forkserver_client.py), the flags of a cluster, waits, and readers
+of checkpoints and logs; and, from suite_env.py, the suite's environment
+and free ports.
 
 pytest's fixtures (tiny_data, procs, flags, and the autouse ones) are in
-conftest.py, built on these. A test file imports from here, never from
-another test file or from conftest.py.
-
-Importing this module sets up the suite's environment, in os.environ, for
-every test and every process a test starts: the variables
-the caller's shell exported that could change a result are removed (see
-from_caller), and the checkout, its scripts/ and its tools/ go on sys.path.
+conftest.py, built on these. A test file imports from here (or from
+suite_env.py and forkserver_client.py), never from another test file or
+from conftest.py. Importing this module sets up the suite's environment
+first (suite_env.py).
 """
 
 import contextlib
@@ -17,62 +15,18 @@ import glob
 import json
 import os
 import re
-import select
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, 'scripts'))
-sys.path.insert(0, os.path.join(ROOT, 'tools'))
-
-from training.cluster import ports  # pylint: disable=g-import-not-at-top,wrong-import-position
-from training.runtime import progress  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-TRAINER = os.path.join(ROOT, 'train_distributed.py')
-LOCAL_CLUSTER_SCRIPT = os.path.join(ROOT, 'scripts', 'run_local_cluster.sh')
-
-# The suite's environment. What the caller's shell exports must not change
-# a result: a TF_CONFIG would give every task a cluster, TF_CPP_MIN_LOG_LEVEL
-# what TensorFlow prints (and the fork server's TensorFlow a level the tasks
-# did not ask for), CUDA_VISIBLE_DEVICES the devices a task sees, a GRPC_
-# variable or a proxy how the tasks talk; the others TensorFlow's logs,
-# kernels, memory or Keras. A test that needs one sets it itself
-# (procs.start's env, monkeypatch).
-CALLER_PREFIXES = ('TF_', 'XLA_', 'CUDA_', 'GRPC_')
-CALLER_VARIABLES = ('http_proxy', 'https_proxy', 'all_proxy', 'grpc_proxy',
-                    'HTTP_PROXY', 'HTTPS_PROXY', 'ALL_PROXY')
-
-
-def from_caller(name):
-  """Whether the suite drops the variable `name` the caller exported."""
-  return name.startswith(CALLER_PREFIXES) or name in CALLER_VARIABLES
-
-
-# A suite started in the background by a shell without job control (`pytest
-# &` in a script, nohup) inherits SIGINT ignored, and so would every process
-# it starts: the tests of Ctrl-C need it delivered, as in a terminal.
-if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
-  signal.signal(signal.SIGINT, signal.default_int_handler)
-
-# What the caller exported and the suite dropped (pytest's header says it).
-DROPPED_FROM_CALLER = {k: os.environ.pop(k) for k in list(os.environ)
-                       if from_caller(k)}
-
-# TESTS_FORKSERVER=0: every task starts Python afresh (see forkserver.py).
-USE_FORKSERVER = os.environ.get('TESTS_FORKSERVER', '1') != '0'
-# What a forked task may be given in its environment beyond the suite's: the
-# variables TensorFlow reads as it loads (TF_CPP_MIN_LOG_LEVEL and the like)
-# it read once, in the server, so a task that needs them starts afresh.
-FORKED_ENV = {'TF_CONFIG'}
-
+from suite_env import ROOT, TRAINER  # Set up first.
+from suite_env import free_ports, suite_env
+from forkserver_client import FORK_SERVER, forkable, still_running
+import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-order
+from training.runtime import progress  # pylint: disable=g-import-not-at-top
 
 # Every task of a cluster spec (JSON in argv[1]) as a gRPC server, all in
 # one process of their own, for tests that build a worker's graph in the
@@ -87,163 +41,6 @@ servers = [tf.distribute.Server(spec, job, task) for job in spec.jobs
 print('serving', flush=True)
 servers[0].join()
 """
-
-
-def free_ports(n):
-  """Returns n distinct TCP ports, free now, that no other connection takes
-  before the tasks bind them (see training/cluster/ports.py)."""
-  return ports.free_ports(n)
-
-
-def worker_port_range(worker, count):
-  """pytest-xdist's worker 'gwK' of count: its share of ports.port_range(),
-  as FREE_PORT_RANGE gives it, so that tests run side by side never pick
-  the same free port (a slot listed but not started stays free a while)."""
-  low, high = ports.port_range()
-  k, width = int(worker[2:]), (high - low) // count
-  return '%d-%d' % (low + k * width, low + (k + 1) * width)
-
-
-if 'PYTEST_XDIST_WORKER' in os.environ:  # For the scripts and tools too.
-  os.environ['FREE_PORT_RANGE'] = worker_port_range(
-      os.environ['PYTEST_XDIST_WORKER'],
-      int(os.environ['PYTEST_XDIST_WORKER_COUNT']))
-
-
-def suite_env(env=None):
-  """The environment of a task: the suite's, unbuffered, no TF_CONFIG."""
-  full_env = dict(os.environ, PYTHONUNBUFFERED='1')
-  full_env.pop('TF_CONFIG', None)  # A cluster comes only from the test.
-  full_env.update(env or {})
-  return full_env
-
-
-# The fork server's, taken before any test could change os.environ: what
-# its TensorFlow read as it loaded.
-SERVER_ENV = suite_env()
-# And what TensorFlow itself puts in the environment as it loads
-# (TF2_BEHAVIOR and others), as it does in every task.
-_BEFORE_TENSORFLOW = dict(os.environ)
-import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
-SET_BY_TENSORFLOW = {k for k in os.environ
-                     if os.environ[k] != _BEFORE_TENSORFLOW.get(k)}
-
-
-class ForkedProcess:
-  """A task the fork server started: the part of subprocess.Popen's
-  interface the tests use. The server, its parent, writes its exit status;
-  signals go through a pidfd, which names this process and never another
-  that got its PID once it was reaped."""
-
-  def __init__(self, pid, status_path, server):
-    self.pid = pid
-    self.returncode = None
-    self._status_path = status_path
-    self._server = server
-    try:
-      self._pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:  # Gone and reaped already: its status says.
-      self._pidfd = None
-
-  def poll(self):
-    if self.returncode is None and os.path.exists(self._status_path):
-      with open(self._status_path) as f:
-        self.returncode = int(f.read())
-      if self._pidfd is not None:
-        os.close(self._pidfd)
-        self._pidfd = None
-    if self.returncode is None and self._server.poll() is not None:
-      raise RuntimeError('the fork server died: PID %d\'s status is lost; '
-                         'see %s' % (self.pid, self._status_path))
-    return self.returncode
-
-  def wait(self, timeout=None):
-    deadline = None if timeout is None else time.time() + timeout
-    while self.poll() is None:
-      if deadline is not None and time.time() > deadline:
-        raise subprocess.TimeoutExpired('PID %d' % self.pid, timeout)
-      time.sleep(0.02)
-    return self.returncode
-
-  def send_signal(self, signum):
-    if still_running(self) and self._pidfd is not None:
-      try:
-        signal.pidfd_send_signal(self._pidfd, signum)
-      except ProcessLookupError:
-        pass  # Ended: its status is on its way.
-
-  def terminate(self):
-    self.send_signal(signal.SIGTERM)
-
-  def kill(self):
-    self.send_signal(signal.SIGKILL)
-
-
-class ForkServer:
-  """The one fork server of this test session, started at its first use."""
-
-  def __init__(self):
-    self.proc = None
-    self.dir = None
-
-  def start(self):
-    self.dir = tempfile.mkdtemp(prefix='forkserver-')
-    with open(os.path.join(self.dir, 'server.log'), 'w') as log:
-      self.proc = subprocess.Popen(
-          [sys.executable, os.path.join(ROOT, 'tests', 'forkserver.py'),
-           self.dir], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-          stderr=log, env=SERVER_ENV, cwd=ROOT)
-    ready = select.select([self.proc.stdout], [], [], 180)[0]
-    if not ready or self.proc.stdout.readline() != b'ready\n':
-      self.proc.kill()
-      with open(os.path.join(self.dir, 'server.log')) as log:
-        raise RuntimeError('the fork server did not start (or run with '
-                           'TESTS_FORKSERVER=0):\n' + log.read())
-
-  def fork(self, argv, env, log_path, netns=None, fault=None):
-    """Starts `python argv` in ROOT, its environment env, its output (stdout
-    and stderr) appended to log_path, in the network namespace netns (a
-    name) if given, after running the Python source fault if given; returns
-    its ForkedProcess."""
-    if self.proc is None:
-      self.start()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-      conn.settimeout(60)
-      conn.connect(os.path.join(self.dir, 'socket'))
-      with conn.makefile('rw') as stream:
-        stream.write(json.dumps({'argv': argv, 'env': env, 'cwd': ROOT,
-                                 'log': log_path, 'netns': netns,
-                                 'fault': fault}) + '\n')
-        stream.flush()
-        pid, number = (int(n) for n in stream.readline().split())
-    return ForkedProcess(pid, os.path.join(self.dir, '%d.status' % number),
-                         self.proc)
-
-  def stop(self):
-    if self.proc is not None:
-      self.proc.kill()
-      self.proc.wait()
-      shutil.rmtree(self.dir, ignore_errors=True)
-      self.proc = None
-
-
-FORK_SERVER = ForkServer()
-
-
-def forkable(args, full_env, prefix):
-  """Whether the fork server may start `prefix... python args...`: the
-  trainer, in the server's environment (but for FORKED_ENV), directly or
-  under `ip netns exec NAME` (which the server does itself)."""
-
-  def loaded(env):  # (pytest names the running test in the environment.)
-    return {k: v for k, v in env.items()
-            if k not in FORKED_ENV | SET_BY_TENSORFLOW and
-            not k.startswith('PYTEST_')}
-
-  return (USE_FORKSERVER and args and args[0] == TRAINER and
-          loaded(full_env) == loaded(SERVER_ENV) and
-          (not prefix or (len(prefix) == 4 and
-                          list(prefix[:3]) == ['ip', 'netns', 'exec'])))
 
 
 class Processes:
@@ -331,15 +128,6 @@ class Processes:
         proc.wait(60)
       except RuntimeError:
         pass  # The fork server is gone: it cannot say the status.
-
-
-def still_running(proc):
-  """Whether proc has not exited; a forked task whose fork server is gone
-  (its status unknown) counts as running, to be killed."""
-  try:
-    return proc.poll() is None
-  except RuntimeError:
-    return True
 
 
 def wait_until(predicate, timeout, what, procs):

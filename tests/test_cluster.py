@@ -26,7 +26,7 @@ def test_single_process_mode(procs, tiny_data, tmp_path):
   # with AMX-BF16, as read here), none elsewhere.
   with open('/proc/cpuinfo') as f:
     amx = ' amx_bf16' in f.read()
-  assert log.count('--mixed_precision would be faster here') == int(amx)
+  assert log.count('--mixed_precision would be faster on this CPU') == int(amx)
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(procs, tiny_data,

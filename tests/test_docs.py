@@ -37,7 +37,8 @@ def anchors(page):
 
 
 def test_the_pages_are_there():
-  assert {'docs/performance.md', 'docs/failures.md', 'docs/kubernetes.md',
+  assert {'docs/performance.md', 'docs/scaling.md', 'docs/accuracy.md',
+          'docs/failures.md', 'docs/kubernetes.md',
           'docs/reference.md', 'docs/tests.md'} <= set(PAGES)
 
 
@@ -183,26 +184,18 @@ FIGURES = [
         ZH: [r'3 次：(0\.\d+-0\.\d+)'],
         'docs/data.md': [r'3 runs: (0\.\d+-0\.\d+)']}),
     (WORKERS_MOMENTUM, r'^-(0\.\d+) /', {
-        'README.md': [r'momentum recipe 4 within (0\.\d+)'],
-        ZH: [r'4 个在 3 个 epoch 内相差 (0\.\d+)'],
-        'docs/performance.md': [r'keeps 4 workers within (0\.\d+)']}),
+        'docs/accuracy.md': [r'keeps 4 workers within (0\.\d+)']}),
     (WORKERS_MOMENTUM, r'8: -(0\.\d+) in 10', {
-        'README.md': [r'8 within (0\.\d+) in 10'],
-        ZH: [r'8 个在 10 个 epoch 时相差 (0\.\d+)'],
-        'docs/performance.md': [r'and 8 within (0\.\d+) in 10']}),
+        'docs/accuracy.md': [r'and 8 within (0\.\d+) in 10']}),
     (WORKERS_BATCH_NORM, r'^-(0\.\d+) /', {
-        'README.md': [r'8 workers within (0\.\d+) of one with 0\.96'],
-        ZH: [r'8 个 worker 用 0\.96 与 1 个相差 (0\.\d+)'],
-        'docs/performance.md': [
+        'docs/accuracy.md': [
             r'within (0\.\d+) with `--batch_norm_decay=0\.96`'],
         'docs/experiments.md': [r'hold 8 workers within (0\.\d+) of one']}),
     (WORKERS_BATCH_NORM, r'^-0\.\d+ / -(0\.\d+) \(', {
-        'docs/performance.md': [r'4 within (0\.\d+) with 0\.98'],
+        'docs/accuracy.md': [r'4 within (0\.\d+) with 0\.98'],
         'docs/experiments.md': [r'and 4 within (0\.\d+) in 3 epochs']}),
     (WORKERS_BATCH_NORM, r'8 at 0\.995: -(0\.\d+)', {
-        'README.md': [r'(0\.\d+) short with 0\.995'],
-        ZH: [r'用 0\.995 差 (0\.\d+)'],
-        'docs/performance.md': [r'\((0\.\d+) on a Xeon\)']}),
+        'docs/accuracy.md': [r'\((0\.\d+) on a Xeon\)']}),
     ("8 sync workers on machines of their own (the planner's 1 ps; 10 Gbit/s "
      'between 2-core machines), of linear', r'\*\*(0\.\d+)\*\*', {
          'README.md': [r'planner\'s 1 ps reached (0\.\d+) of linear'],

@@ -6,6 +6,7 @@ names an image's class; each bad input is one line."""
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -367,3 +368,23 @@ def test_bad_inputs_are_one_line(trained, tmp_path):
   assert (code, err) == (0, '')
   assert out == exported_lines(os.path.join(earlier, 'model.ckpt-%d' % STEPS),
                                export, True, NAMES)
+
+
+def test_the_docs_draw_the_readmes_two_photos(tmp_path):
+  """docs/running.md's command draws what the README classifies: a 96x96
+  PNG of a ring (hollow: black at its centre) and a 128x96 JPEG of a disc
+  (white at its centre), white on black."""
+  with open(os.path.join(ROOT, 'docs', 'running.md')) as f:
+    [draw] = [line for line in f if line.startswith('python3 -c "from PIL')]
+  done = subprocess.run([sys.executable] + shlex.split(draw)[1:],
+                        cwd=str(tmp_path), capture_output=True, text=True,
+                        timeout=60)
+  assert (done.returncode, done.stderr) == (0, '')
+  ring, disc = (Image.open(str(tmp_path / n)) for n in ('ring.png',
+                                                        'disc.jpg'))
+  assert (ring.format, ring.size, disc.format, disc.size) == (
+      'PNG', (96, 96), 'JPEG', (128, 96))
+  assert ring.getpixel((48, 48)) == (0, 0, 0)
+  assert ring.getpixel((48, 26)) == (255, 255, 255)  # On the ring.
+  assert min(disc.getpixel((64, 48))) > 240  # JPEG: near white.
+  assert max(disc.getpixel((5, 5))) < 15

@@ -14,7 +14,7 @@ import threading
 import pytest
 import tensorflow as tf
 
-from helpers import LOCAL_CLUSTER_SCRIPT as SCRIPT
+from suite_env import LOCAL_CLUSTER_SCRIPT as SCRIPT
 from helpers import run_in_group, single_process_flags
 
 SHORT = ['--batch_size=16', '--num_workers=1', '--max_steps=10', '--',

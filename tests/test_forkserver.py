@@ -10,17 +10,18 @@ import sys
 
 import pytest
 
+import forkserver_client
 import helpers
 from helpers import single_process_flags
 
 
 @pytest.mark.slow
 def test_trainer_tasks_come_from_the_fork_server(procs, tiny_data, tmp_path):
-  if not helpers.USE_FORKSERVER:
+  if not forkserver_client.USE_FORKSERVER:
     pytest.skip('TESTS_FORKSERVER=0: every task starts afresh, as asked')
   bad = procs.trainer('bad', '--bogus')
   # A forked task: the server's child, not the test's.
-  assert isinstance(bad, helpers.ForkedProcess)
+  assert isinstance(bad, forkserver_client.ForkedProcess)
   assert bad.wait(60) == 1
   assert "FATAL Flags parsing error: Unknown command line flag 'bogus'" in (
       procs.log('bad'))
@@ -30,7 +31,7 @@ def test_trainer_tasks_come_from_the_fork_server(procs, tiny_data, tmp_path):
                                              str(tmp_path / 'train')))
   procs.wait_for_line('long', 'Session initialization complete.', 120)
   with open('/proc/%d/status' % long.pid) as f:
-    assert 'PPid:\t%d\n' % helpers.FORK_SERVER.proc.pid in f.read()
+    assert 'PPid:\t%d\n' % forkserver_client.FORK_SERVER.proc.pid in f.read()
   long.send_signal(signal.SIGKILL)
   assert long.wait(60) == -signal.SIGKILL
   long.send_signal(signal.SIGKILL)  # Reaped: a no-op, whoever has its PID.
@@ -47,23 +48,24 @@ def test_trainer_tasks_come_from_the_fork_server(procs, tiny_data, tmp_path):
 PROBE = r"""
 import json, os, sys
 sys.path.insert(0, sys.argv[1])
+import forkserver_client
 import helpers
 SHOW = 'import json, os; print("TASK " + json.dumps(dict(os.environ)))'
 procs = helpers.Processes(sys.argv[2])
 try:
-  if helpers.USE_FORKSERVER:
+  if forkserver_client.USE_FORKSERVER:
     procs.trainer('probe', fault=SHOW + '; os._exit(0)')
   else:
     procs.start('probe', ['-c', SHOW])
   assert procs.procs['probe'].wait(120) == 0, procs.log('probe')
   print(procs.log('probe'))
-  if helpers.FORK_SERVER.proc:
-    with open('/proc/%d/environ' % helpers.FORK_SERVER.proc.pid) as f:
+  if forkserver_client.FORK_SERVER.proc:
+    with open('/proc/%d/environ' % forkserver_client.FORK_SERVER.proc.pid) as f:
       print('SERVER ' + json.dumps(dict(
           v.split('=', 1) for v in f.read().split('\0') if '=' in v)))
 finally:
   procs.kill_all()
-  helpers.FORK_SERVER.stop()
+  forkserver_client.FORK_SERVER.stop()
 """
 
 
@@ -85,7 +87,7 @@ def test_the_callers_tensorflow_variables_reach_no_task(tmp_path):
   seen = {line.split(' ', 1)[0]: json.loads(line.split(' ', 1)[1])
           for line in out.splitlines()
           if line.startswith(('TASK ', 'SERVER '))}
-  assert set(seen) == ({'TASK', 'SERVER'} if helpers.USE_FORKSERVER
+  assert set(seen) == ({'TASK', 'SERVER'} if forkserver_client.USE_FORKSERVER
                        else {'TASK'}), out
   for name, environ in seen.items():
     assert environ['SUITE_PROBE'] == 'passed on', name

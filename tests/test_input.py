@@ -308,7 +308,8 @@ def test_missing_test_file(handmade):
 
 
 def test_show_inputs_shows_the_crops_of_the_padding_given(tmp_path,
-                                                           monkeypatch):
+                                                           monkeypatch,
+                                                           capsys):
   """scripts/show_inputs.py's --crop_padding reaches the reader it draws
   from, and the reader crops with it: white records stay one value each
   without crops; with 4 pixels, black shifts in."""
@@ -331,9 +332,10 @@ def test_show_inputs_shows_the_crops_of_the_padding_given(tmp_path,
                     '--num=4', '--crop_padding=3'])
   assert given == [(path, 4, 0, 3)] and png.exists()
   png.unlink()
-  with pytest.raises(SystemExit) as exited:  # A string: status 1, stderr.
+  with pytest.raises(SystemExit) as exited:  # One line, status 2.
     show_inputs.main(['--data_dir=' + str(tmp_path), '--out=' + str(png),
                       '--crop_padding=-1'])
-  assert exited.value.code == (
-      'show_inputs.py: error: --crop_padding must be 0 or more (got -1)')
+  assert exited.value.code == 2
+  assert capsys.readouterr().err == (
+      'Error: --crop_padding must be 0 or more (got -1)\n')
   assert not png.exists()

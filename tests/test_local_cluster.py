@@ -19,7 +19,7 @@ import pytest
 import tensorflow as tf
 
 import cifar10_model
-from helpers import LOCAL_CLUSTER_SCRIPT as SCRIPT
+from suite_env import LOCAL_CLUSTER_SCRIPT as SCRIPT
 from helpers import ROOT, free_ports
 
 tf1 = tf.compat.v1
@@ -149,9 +149,48 @@ def test_script_reads_fresh_start_as_absl_does(tmp_path, tiny_data, spelling,
   assert train_dir.exists() != deletes
   assert ('--fresh_start: deleting %s' % train_dir in proc.stdout) == deletes
   if spelling == 'no_data':
-    assert 'no CIFAR-10 in %s' % data_dir in proc.stderr
+    assert '--data_dir=%s does not exist' % data_dir in proc.stderr
   else:
     assert 'cannot create --log_dir=/proc/none' in proc.stderr
+
+
+def test_a_data_dir_with_a_typo_is_one_line_naming_the_nearest(tmp_path):
+  """A --data_dir that does not exist (not the default) downloads nothing
+  and makes nothing: one line, with the existing folder it most resembles.
+  A folder made for the download is filled (as the no_data case above)."""
+  (tmp_path / 'synthetic-cifar-10-batches-bin').mkdir()
+  proc = subprocess.run(
+      ['bash', SCRIPT, '--data_dir=./synthetic-cifar10-batches-bin'],
+      capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+  assert proc.returncode == 2, proc.stdout + proc.stderr
+  assert proc.stderr == (
+      'run_local_cluster.sh: error: --data_dir=./synthetic-cifar10-batches-bin '
+      'does not exist (did you mean ./synthetic-cifar-10-batches-bin?): give '
+      'the folder that holds the data, or make it (mkdir) to have the script '
+      'fill it\n')
+  assert sorted(os.listdir(tmp_path)) == ['synthetic-cifar-10-batches-bin']
+
+
+def test_a_run_keeps_the_logs_of_the_run_before(tmp_path, tiny_data):
+  """The run before's logs go to previous/ (an older previous/ goes), and
+  nothing else moves: this run stops at its data check (PYTHON=false)."""
+  logs = tmp_path / 'logs'
+  (logs / 'previous').mkdir(parents=True)
+  (logs / 'previous' / 'worker0.log').write_text('the run before that\n')
+  (logs / 'worker0.log').write_text('the run before\n')
+  (logs / 'evaluator.log').write_text('its evaluator\n')
+  (logs / 'cluster.flags').write_text('--max_steps=1\n')
+  proc = subprocess.run(
+      ['bash', SCRIPT, '--data_dir=' + tiny_data, '--log_dir=' + str(logs),
+       '--train_dir=' + str(tmp_path / 'train')],
+      capture_output=True, text=True, timeout=60, cwd=str(tmp_path),
+      env=dict(os.environ, PYTHON='false'))
+  assert proc.returncode == 2, proc.stdout + proc.stderr
+  assert sorted(os.listdir(logs)) == ['cluster.flags', 'previous']
+  assert {f: (logs / 'previous' / f).read_text()
+          for f in os.listdir(logs / 'previous')} == {
+              'worker0.log': 'the run before\n',
+              'evaluator.log': 'its evaluator\n'}
 
 
 @pytest.mark.slow
@@ -165,7 +204,9 @@ def test_a_failing_worker_fails_the_script_and_leaves_no_process(
   assert proc.wait(timeout=120) == 1
   out = (tmp_path / 'script.out').read_text()
   assert re.search(r'worker[01] exited with status 2; the end of', out), out
-  assert '--mixed_precision_dtype=float16 needs --mixed_precision' in out
+  # Once: the failed task's log, not also the chief's stream of lines.
+  assert out.count('--mixed_precision_dtype=float16 needs --mixed_precision'
+                   ) == 1, out
   assert not processes_mentioning(str(tmp_path))
 
 

@@ -198,6 +198,7 @@ def test_telling_a_lost_ps_that_a_worker_is_done_is_bounded(procs, tmp_path):
 KILL_PS1_BEFORE = '''
 import os, signal, time
 from training.health import liveness
+from training.health import run_end
 from training.session import hooks
 target = %(target)s
 real = getattr(target, %(name)r)

@@ -303,7 +303,7 @@ def test_resumes_across_optimizers(procs, tiny_data, tmp_path, num_ps):
     assert acc.any(), name
   assert not accumulators('%s/model.ckpt-20' % train_dir)
   # The checkpoints' float32 bytes, in all their files: the accumulators
-  # add the model's (docs/performance.md).
+  # add the model's (docs/scaling.md).
   sizes = [sum(map(os.path.getsize, glob.glob(
       '%s/model.ckpt-%d.data-*' % (train_dir, n)))) for n in (11, 20)]
   assert sizes == [2162752, 1442904]

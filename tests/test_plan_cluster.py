@@ -338,7 +338,7 @@ def test_the_at_scale_table_is_the_planners(capsys):
   assert code == 0, out
   table = out.strip()
   assert len(table.splitlines()) == 2 + 6  # Header, rule, 3 x 2 clusters.
-  with open(os.path.join(ROOT, 'docs', 'performance.md'),
+  with open(os.path.join(ROOT, 'docs', 'scaling.md'),
             encoding='utf-8') as f:
     assert table in f.read()
 
@@ -348,7 +348,7 @@ def test_the_at_scale_table_is_the_planners(capsys):
      '--slots plans synchronous updates of a gradient per slot; drop '
      '--training=async'),
     (['--at_scale', '--ps_cores=8'],
-     "--at_scale prints docs/performance.md's table for its own clusters; "
+     "--at_scale prints docs/scaling.md's table for its own clusters; "
      'drop --ps_cores, or drop --at_scale'),
     (['--step_ms=5', '--num_workers=4', '--link_gbit=10', '--ps_cores=0'],
      '--ps_cores must be given and above 0 (got 0.0), e.g. --step_ms=45 '
@@ -360,7 +360,7 @@ def test_the_at_scale_table_is_the_planners(capsys):
      '--step_cv is the spread of the steps over their mean, from 0 up to 1 '
      '(got 1.5), e.g. 0.1'),
     (['--at_scale', '--training=async'],
-     "--at_scale prints docs/performance.md's table for its own clusters; "
+     "--at_scale prints docs/scaling.md's table for its own clusters; "
      'drop --batch_size/--transfer_dtype/--training/--step_cv/--optimizer, '
      'or drop --at_scale'),
     (['--typical', '--optimizer=momentum'],

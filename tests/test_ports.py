@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT, suite_env, worker_port_range
+from suite_env import ROOT, suite_env, worker_port_range
 from training.cluster import ports
 
 

@@ -4,7 +4,7 @@ A real cluster of the trainer's processes, every task reached by the
 others through a counting proxy (tools/rpc_count.py), which reads each
 call's method off its HTTP/2 headers and its step and tensor off
 TensorFlow's protobufs. Each kind of step must make exactly the calls
-docs/performance.md's table lists: a change that adds an RPC to a step
+docs/scaling.md's table lists: a change that adds an RPC to a step
 fails here, naming it.
 """
 

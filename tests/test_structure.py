@@ -417,9 +417,9 @@ def uses(node):
 
 def quick_modules(path):
   """The product modules path's quick tests (not marked slow, nor their
-  file) use: the modules they name through an import, the scripts and
-  tools they run by their file's name, the trainer they start; through the
-  file's own functions and constants too."""
+  file) use: the modules they name through an import (the file's or their
+  own), the scripts and tools they run by their file's name, the trainer
+  they start; through the file's own functions and constants too."""
   module = tree(path)
   if any(isinstance(n, ast.Assign) and 'pytestmark' in ast.unparse(n) and
          'slow' in ast.unparse(n) for n in module.body):
@@ -448,6 +448,12 @@ def quick_modules(path):
             node.name.startswith('test_') and not slow(node)):
       continue
     names, strings = uses(node)
+    for sub in ast.walk(node):  # What the test imports in its own body.
+      if isinstance(sub, (ast.Import, ast.ImportFrom)):
+        for alias in sub.names:
+          full = (alias.name if isinstance(sub, ast.Import) else
+                  '%s.%s' % (sub.module, alias.name))
+          found |= {BARE.get(n, n) for n in (full, alias.name)} & ALL_MODULES
     todo = set(names)
     while todo:  # Through the file's own functions and constants.
       name = todo.pop()

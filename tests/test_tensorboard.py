@@ -3,6 +3,7 @@
 import glob
 import json
 import os
+import subprocess
 import time
 import urllib.error
 import urllib.parse
@@ -11,7 +12,8 @@ import urllib.request
 import pytest
 import tensorflow as tf
 
-from helpers import FAST, cluster_flags, free_ports, start_cluster
+from helpers import FAST, ROOT, cluster_flags, free_ports, start_cluster
+from helpers import suite_env
 
 CHIEF_TAGS = {'loss', 'accuracy', 'learning_rate', 'examples/sec',
               'cluster_examples/sec'}
@@ -106,3 +108,26 @@ def test_the_chief_writes_the_clusters_examples_per_second(procs, tiny_data,
   for (before, _, _), (step, own, cluster) in zip(points, points[1:]):
     assert cluster == pytest.approx(own * (step - before) * 32 / 16,
                                     rel=1e-5, abs=1e-6), (step, points)
+
+
+@pytest.mark.slow
+def test_tensorboard_sh_says_when_its_logdir_holds_no_summaries(tmp_path):
+  """An empty page with no word was what a --logdir other than the tasks'
+  --train_dir gave: one line now, in either spelling of the flag, and none
+  once summaries are there."""
+  (tmp_path / 'run').mkdir()
+  (tmp_path / 'run' / 'events.out.tfevents.1.host').touch()
+  said = {}
+  for name, flag in (('empty', ['--logdir=' + str(tmp_path / 'none')]),
+                     ('spaced', ['--logdir', str(tmp_path / 'none')]),
+                     ('written', ['--logdir=' + str(tmp_path / 'run')])):
+    done = subprocess.run(
+        ['bash', os.path.join(ROOT, 'scripts', 'tensorboard.sh')] + flag +
+        ['--version_tb'], capture_output=True, text=True, timeout=120,
+        env=suite_env())
+    assert done.returncode == 0, done.stderr
+    said[name] = done.stderr
+  line = ('tensorboard.sh: no summaries in --logdir=%s yet: the page stays '
+          'empty until the chief or the evaluator writes there (the tasks\' '
+          '--train_dir)\n' % (tmp_path / 'none'))
+  assert said == {'empty': line, 'spaced': line, 'written': ''}

@@ -220,8 +220,8 @@ def test_bad_input_ends_with_a_line_saying_why_and_exit_2(tiny_data, flags, line
 
 def test_the_benchmark_runs_the_peers_ranks_and_reads_their_cpu(tiny_data,
                                                                 tmp_path):
-  import benchmark_runs  # pylint: disable=g-import-not-at-top
-  measured = benchmark_runs.run_torch_peer(
+  import measured_run  # pylint: disable=g-import-not-at-top
+  measured = measured_run.run_torch_peer(
       name='ddp', data_dir=tiny_data, work=str(tmp_path), steps=6,
       batch_size=16, world_size=2)
   assert measured['images_per_sec'] > 0

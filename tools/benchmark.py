@@ -27,7 +27,7 @@ ratios, measured minutes apart on the same machine, are what to compare.
 
 This module owns the command line and the plan (which runs, in which
 order, how many rounds); benchmark_inputs.py measures the input pipelines,
-benchmark_runs.py a training run, benchmark_network.py the slow-network
+measured_run.py a training run, benchmark_network.py the slow-network
 runs, and benchmark_report.py turns it all into tables, a plot and JSON.
 """
 
@@ -54,7 +54,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-posi
 import benchmark_inputs  # pylint: disable=g-import-not-at-top,wrong-import-position
 import benchmark_network  # pylint: disable=g-import-not-at-top,wrong-import-position
 import benchmark_report  # pylint: disable=g-import-not-at-top,wrong-import-position
-import benchmark_runs  # pylint: disable=g-import-not-at-top,wrong-import-position
+import measured_run  # pylint: disable=g-import-not-at-top,wrong-import-position
 import cifar10_model  # pylint: disable=g-import-not-at-top,wrong-import-position
 import cpu_peak  # pylint: disable=g-import-not-at-top,wrong-import-position
 import cpu_profile  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -281,15 +281,15 @@ def train_all(*, configs, rounds, data_dir, work, steps, batch_size, flags,
             flush=True)
       name = '%s_%d' % (re.sub(r'\W+', '_', config.name), i)
       if config.peer == 'torch':
-        measured[config.name].append(benchmark_runs.run_torch_peer(
+        measured[config.name].append(measured_run.run_torch_peer(
             name=name, data_dir=data_dir, work=work, steps=steps,
             batch_size=batch_size, world_size=config.num_workers))
       elif config.peer:
-        measured[config.name].append(benchmark_runs.run_peer(
+        measured[config.name].append(measured_run.run_peer(
             name=name, data_dir=data_dir, work=work, steps=steps,
             batch_size=batch_size, flags=list(config.flags)))
       else:
-        measured[config.name].append(benchmark_runs.run_training(
+        measured[config.name].append(measured_run.run_training(
             name=name, data_dir=data_dir, work=work, num_ps=config.num_ps,
             num_workers=config.num_workers, steps=steps,
             batch_size=batch_size, flags=list(config.flags) + flags,

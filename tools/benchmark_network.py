@@ -11,7 +11,7 @@ import re
 from typing import NamedTuple, Optional
 
 import benchmark_report
-import benchmark_runs
+import measured_run
 import network_namespaces
 
 
@@ -93,7 +93,7 @@ def measure_links(measured, *, rounds, data_dir, work, steps, flags):
         network.close()
         return 'cannot make network namespaces here: %s' % e
       try:
-        measured[link].append(benchmark_runs.run_training(
+        measured[link].append(measured_run.run_training(
             name='%s_%d' % (re.sub(r'\W+', '_', name), i), data_dir=data_dir,
             work=work, num_ps=link.num_ps, num_workers=link.num_workers,
             steps=steps, batch_size=link.batch_size, network=network,

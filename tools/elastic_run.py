@@ -43,7 +43,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, 'scripts'))  # The planner.
-from benchmark_runs import progress_lines, run_training, stop  # pylint: disable=g-import-not-at-top,wrong-import-position
+from measured_run import progress_lines, run_training, stop  # pylint: disable=g-import-not-at-top,wrong-import-position
 import plan_cluster  # pylint: disable=g-import-not-at-top,wrong-import-position
 from training.cluster import ports  # pylint: disable=g-import-not-at-top,wrong-import-position
 from training.runtime import process  # pylint: disable=g-import-not-at-top,wrong-import-position

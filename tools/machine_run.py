@@ -12,7 +12,7 @@ import statistics
 import sys
 import time
 
-import benchmark_runs
+import measured_run
 import machines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,12 +70,12 @@ class Run:
                  '--worker_hosts=' + ','.join(addresses[self.num_ps:])]
       if not self.num_ps:
         cluster = ['--ps_hosts=']
-      procs, sampler = {}, benchmark_runs.CpuSampler()
+      procs, sampler = {}, measured_run.CpuSampler()
       try:
         for n in names:
           job = n.rstrip('0123456789')
-          procs[n] = benchmark_runs.launch(
-              benchmark_runs.log_path(self.args.work_dir, self.name, n),
+          procs[n] = measured_run.launch(
+              measured_run.log_path(self.args.work_dir, self.name, n),
               hosts.prefix(n) + [sys.executable, TRAINER] + cluster + [
                   '--job_name=' + job, '--task_index=' + n[len(job):]] +
               self.flags())
@@ -83,12 +83,12 @@ class Run:
         return self._watch(hosts, procs, sampler)
       finally:
         sampler.stop()
-        benchmark_runs.stop(procs.values())
+        measured_run.stop(procs.values())
 
   def _lines(self, task):
-    with open(benchmark_runs.log_path(self.args.work_dir, self.name,
+    with open(measured_run.log_path(self.args.work_dir, self.name,
                                       task)) as f:
-      return benchmark_runs.progress_lines(f.read())
+      return measured_run.progress_lines(f.read())
 
   def _watch(self, hosts, procs, sampler):
     """Holds each machine to its share from its first step (a ps from the
@@ -98,7 +98,7 @@ class Run:
     while True:
       for n, p in procs.items():
         if p.poll() is not None:
-          log = benchmark_runs.log_path(self.args.work_dir, self.name, n)
+          log = measured_run.log_path(self.args.work_dir, self.name, n)
           with open(log) as f:
             tail = f.read().strip().splitlines()[-1:]
           raise TaskFailed('%s: %s exited with %s (%s; its log: %s)' % (

@@ -6,7 +6,7 @@ a core (cpu_shares.CpuShares), placed there before TensorFlow starts, its
 threads on one of this host's cores (the machines take them in turn):
 measured, a quota whose threads may use every core computed at 0.59 of a
 real core per core (throttled threads stall each other), one kept to one
-core at 0.90-0.94 (docs/performance.md#scaling).
+core at 0.90-0.94 (docs/scaling.md#scaling).
 
 The simulated cluster is a real one slowed down. A task on q cores
 computes at q/Q of a machine of Q cores, so if its link carries B x q/Q,

@@ -13,7 +13,7 @@ what it runs (the training step, the chief's update, a poll).
 
 runs a cluster with a proxy in front of every task and prints, for each
 kind of run, the RPCs it made to each task, a run at a time: the table of
-docs/performance.md ("What a step costs each ps"). tests/test_rpc_count.py
+docs/scaling.md ("What a step costs each ps"). tests/test_rpc_count.py
 pins those counts.
 """
 

@@ -28,7 +28,7 @@ WIRE_OVERHEAD = 1.033
 # restarts slowly after every pause of a step). The three constants were
 # fitted to the benchmark's slow-network runs of 1 and 2 ps + 2 workers,
 # float32 and bfloat16, batch 64 and 32, at 30 and 100 Mbit/s: within 3% of
-# all seven (docs/performance.md).
+# all seven (docs/scaling.md).
 BUSIEST_LINK_EXTRA = 0.3
 OWN_LINK_FACTOR = 1.0
 HIDDEN_SHARE = 0.58
@@ -50,7 +50,7 @@ BUSY_HIDDEN_SHARE = 0.33
 # PS_ASYNC_MS an asynchronous step. A task's RPCs and its compute share its
 # cores (as on a machine whose cores are all busy). Fitted to three runs'
 # points together on machines of their own kept to one core each, 1-8
-# workers, 1-5 ps (tools/scaling_run.py --pool, docs/performance.md#scaling),
+# workers, 1-5 ps (tools/scaling_run.py --pool, docs/scaling.md#scaling),
 # with the barrier (sync_parts).
 SYNC_RPC_MS = 1.3
 ASYNC_RPC_MS = 0.65

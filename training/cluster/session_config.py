@@ -81,7 +81,7 @@ def ps_threads(ps_hosts, worker_hosts, task_index):
   gradients, the update of at most the model's bytes), where a hand-off
   between threads costs more than the op: a pool of all the host's cores
   beside the workers on it, or over a container's quota, spends the ps's
-  CPU switching threads (docs/performance.md, "ps 0's CPU a worker's step").
+  CPU switching threads (docs/scaling.md, "ps 0's CPU a worker's step").
   A ps on a machine of its own keeps every core.
   """
   return share_of_host(ps_hosts + worker_hosts, ps_hosts[task_index])

@@ -15,7 +15,7 @@ The rate is a function of the global step alone, so a resumed run goes on
 with the schedule where it left it (with the same flags).
 
 The defaults stay the reference's (exponential, unscaled, no warmup), chosen
-on three datasets (docs/performance.md#accuracy): cosine gains on
+on three datasets (docs/accuracy.md): cosine gains on
 Fashion-MNIST in 20 epochs, but a short run that spends its first hundred
 steps finding its way (the 400-step quickstart) learns less with a rate that
 falls meanwhile; linear scaling needs a warmup (without one the quickstart

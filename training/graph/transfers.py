@@ -1,7 +1,7 @@
 """The transfer packing: each kind of tensor crosses once per ps a step.
 
 Every tensor that crosses between a worker and a ps costs both ends CPU of
-its own (docs/performance.md, "Transfers"). pack() rewires a worker's built
+its own (docs/scaling.md, "What a step costs each ps"). pack() rewires a worker's built
 graph so that a step sends the weights of each ps as one tensor, their
 gradients back as one, the BatchNorm batch statistics as one, and each
 variable's value once to each task that reads it. The arithmetic is the same

@@ -1,4 +1,6 @@
-"""One measured training run of the benchmark: our trainer or TF2's peer.
+"""One measured training run, the launching library of every harness (the
+benchmark, the network benchmark, machines of their own, the elastic run):
+our trainer or TF2's peer.
 
 Owns starting the tasks (on localhost ports, or each on a host of its own
 in a network_namespaces.Network), waiting for them, reading each worker's
