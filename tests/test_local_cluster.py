@@ -117,8 +117,13 @@ def test_script_runs_a_cluster_with_an_evaluator(tmp_path, tiny_data,
   assert results[-1]['accuracy'] == float(final.group(1))
   assert results[-1]['checkpoint'].endswith('model.ckpt-20')
   assert sorted(os.listdir(tmp_path / 'logs')) == [
-      'evaluator.log', 'ps0.log', 'ps1.log', 'worker0.log', 'worker1.log',
-      'worker2.log']
+      'evaluator.log', 'previous', 'ps0.log', 'ps1.log', 'worker0.log',
+      'worker1.log', 'worker2.log']
+  # The earlier run's logs, kept as they were.
+  assert sorted(os.listdir(tmp_path / 'logs' / 'previous')) == [
+      'evaluator.log', 'worker0.log']
+  assert 'step 999' in (tmp_path / 'logs' / 'previous' /
+                        'worker0.log').read_text()
   assert {f for f in os.listdir(train_dir)
           if f.startswith('model.ckpt-20.data-')} == {
               'model.ckpt-20.data-00000-of-00002',

@@ -119,9 +119,10 @@ SCRIPT_LINES = (r'Wrote 10000 training and 2000 test records of synthetic '
                 r'Results: .+')
 
 
-def run_quickstart(home, command, steps):
-  """The quickstart's script with steps; returns what it printed, after
-  checking it and each task's log."""
+def run_quickstart(home, command, steps, again=False):
+  """The quickstart's script with steps (again: after a first run, whose
+  logs it keeps in logs/previous/); returns what it printed, after checking
+  it and each task's log."""
   code, out = run_in_group(argv(command, '--max_steps=%d' % steps,
                                 *SHORT_SCRIPT),
                            timeout=300, cwd=home, env=suite_env())
@@ -130,9 +131,11 @@ def run_quickstart(home, command, steps):
   assert re.search(r'^Final: .*: step %d, loss = \d+\.\d\d ,Test accuracy = '
                    r'\d\.\d{4} \(2000 examples\)$' % steps, out, re.M), out
   logs = os.path.join(home, 'logs')
-  assert sorted(os.listdir(logs)) == ['evaluator.log', 'ps0.log',
-                                      'worker0.log', 'worker1.log']
-  for name in sorted(os.listdir(logs)):
+  tasks = ['evaluator.log', 'ps0.log', 'worker0.log', 'worker1.log']
+  assert sorted(os.listdir(logs)) == sorted(tasks + ['previous'] * again)
+  if again:
+    assert sorted(os.listdir(os.path.join(logs, 'previous'))) == tasks
+  for name in tasks:
     with open(os.path.join(logs, name)) as f:
       assert_own_lines(name, f.read())
   with open(os.path.join(logs, 'worker0.log')) as f:
@@ -199,7 +202,7 @@ def walk(home, started):
   # (2) Again, with a larger --max_steps: it resumes. The default
   # (exponential) schedule does not depend on --max_steps: no word of
   # another schedule.
-  out, chief = run_quickstart(home, command, RESUMED)
+  out, chief = run_quickstart(home, command, RESUMED, again=True)
   assert 'Resuming %s from step %d to --max_steps=%d\n' % (
       TRAIN_DIR, QUICKSTART, RESUMED) in out, out
   assert ('Worker 0: resuming from %s/models_cifar10_synthetic/model.ckpt-%d'
