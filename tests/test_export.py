@@ -374,6 +374,8 @@ def test_the_docs_draw_the_readmes_two_photos(tmp_path):
   """docs/running.md's command draws what the README classifies: a 96x96
   PNG of a ring (hollow: black at its centre) and a 128x96 JPEG of a disc
   (white at its centre), white on black."""
+  with open(os.path.join(ROOT, 'README.md')) as f:
+    assert ' --model_dir=./export ring.png disc.jpg\n' in f.read()
   with open(os.path.join(ROOT, 'docs', 'running.md')) as f:
     [draw] = [line for line in f if line.startswith('python3 -c "from PIL')]
   done = subprocess.run([sys.executable] + shlex.split(draw)[1:],

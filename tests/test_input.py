@@ -332,6 +332,7 @@ def test_show_inputs_shows_the_crops_of_the_padding_given(tmp_path,
                     '--num=4', '--crop_padding=3'])
   assert given == [(path, 4, 0, 3)] and png.exists()
   png.unlink()
+  capsys.readouterr()  # What the runs above printed.
   with pytest.raises(SystemExit) as exited:  # One line, status 2.
     show_inputs.main(['--data_dir=' + str(tmp_path), '--out=' + str(png),
                       '--crop_padding=-1'])

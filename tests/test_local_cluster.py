@@ -20,7 +20,7 @@ import tensorflow as tf
 
 import cifar10_model
 from suite_env import LOCAL_CLUSTER_SCRIPT as SCRIPT
-from helpers import ROOT, free_ports
+from helpers import ROOT, free_ports, run_in_group
 
 tf1 = tf.compat.v1
 
@@ -143,6 +143,8 @@ def test_script_reads_fresh_start_as_absl_does(tmp_path, tiny_data, spelling,
   train_dir = tmp_path / 'train'
   train_dir.mkdir()
   data_dir = str(tmp_path / 'none') if spelling == 'no_data' else tiny_data
+  if spelling == 'no_data':  # Made for the download: the script fills it.
+    os.mkdir(data_dir)
   proc = subprocess.run(
       ['bash', SCRIPT, '--train_dir=/not/this/one', '--log_dir=/proc/none',
        '--', '--train_dir=' + str(train_dir), '--data_dir', data_dir,
@@ -154,7 +156,7 @@ def test_script_reads_fresh_start_as_absl_does(tmp_path, tiny_data, spelling,
   assert train_dir.exists() != deletes
   assert ('--fresh_start: deleting %s' % train_dir in proc.stdout) == deletes
   if spelling == 'no_data':
-    assert '--data_dir=%s does not exist' % data_dir in proc.stderr
+    assert 'no CIFAR-10 in %s' % data_dir in proc.stderr
   else:
     assert 'cannot create --log_dir=/proc/none' in proc.stderr
 
@@ -162,13 +164,16 @@ def test_script_reads_fresh_start_as_absl_does(tmp_path, tiny_data, spelling,
 def test_a_data_dir_with_a_typo_is_one_line_naming_the_nearest(tmp_path):
   """A --data_dir that does not exist (not the default) downloads nothing
   and makes nothing: one line, with the existing folder it most resembles.
-  A folder made for the download is filled (as the no_data case above)."""
+  (A folder made for the download is filled: the no_data case above.)"""
   (tmp_path / 'synthetic-cifar-10-batches-bin').mkdir()
-  proc = subprocess.run(
+  # Were the check gone, the download would fail at once, not fetch.
+  code, out = run_in_group(
       ['bash', SCRIPT, '--data_dir=./synthetic-cifar10-batches-bin'],
-      capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
-  assert proc.returncode == 2, proc.stdout + proc.stderr
-  assert proc.stderr == (
+      timeout=60, cwd=str(tmp_path), env=dict(
+          os.environ, PYTHON=sys.executable,
+          CIFAR10_URL=str(tmp_path / 'no.tar.gz')))
+  assert code == 2, out
+  assert out == (
       'run_local_cluster.sh: error: --data_dir=./synthetic-cifar10-batches-bin '
       'does not exist (did you mean ./synthetic-cifar-10-batches-bin?): give '
       'the folder that holds the data, or make it (mkdir) to have the script '
@@ -182,6 +187,7 @@ def test_a_run_keeps_the_logs_of_the_run_before(tmp_path, tiny_data):
   logs = tmp_path / 'logs'
   (logs / 'previous').mkdir(parents=True)
   (logs / 'previous' / 'worker0.log').write_text('the run before that\n')
+  (logs / 'previous' / 'ps1.log').write_text('that run had 2 ps\n')
   (logs / 'worker0.log').write_text('the run before\n')
   (logs / 'evaluator.log').write_text('its evaluator\n')
   (logs / 'cluster.flags').write_text('--max_steps=1\n')

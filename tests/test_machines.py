@@ -73,7 +73,8 @@ def test_a_task_held_to_half_a_core_sizes_its_threads_to_it():
       shares.make(task, share)
       found[task] = subprocess.run(
           shares.prefix_for(task) + [sys.executable, '-c', code],
-          capture_output=True, text=True, check=True).stdout.split()
+          capture_output=True, text=True, check=True,
+          timeout=120).stdout.split()
   finally:
     shares.close()
   assert found == {'free': [str(cores)] * 3, 'half': ['1'] * 3}

@@ -22,6 +22,7 @@ import cifar10_model
 import train_graph
 from training.graph import learning_rate
 from training.graph import ps_gradients
+from training.session import hooks
 
 tf1 = tf.compat.v1
 
@@ -96,13 +97,15 @@ def train(out, rule, initial=None, spec=None, packed=True):
       other, other_built = worker_graph(rule=rule, cluster=cluster, worker=1,
                                         packed=packed)
       with other.as_default():
-        local_init = [tf1.local_variables_initializer(),  # And the hook's:
-                      ps_gradients.fill_joined_weights(chief=False)]
-        fill_pulled = ps_gradients.fill_pulled_weights()
+        local_init = tf1.local_variables_initializer()
+        # The worker's own start: its local step, the joined weights where
+        # none are, then its copy of them.
+        start = hooks.SyncReplicasHook(other_built.sync_opt, False,
+                                       other_built.global_step)
       worker1 = stack.enter_context(tf1.Session(
           'grpc://' + spec['worker'][1], graph=other, config=config))
       worker1.run(local_init)
-      worker1.run(fill_pulled)
+      start.after_create_session(worker1, None)
     gradients = []
     for update in range(1, UPDATES + 1):
       # One update (the chief's sync thread runs it in a loop), traced once.

@@ -250,7 +250,7 @@ CPUINFO = ('processor\t: 0\nvendor_id\t: GenuineIntel\n'
     ('avx512_vnni', 0, False),
     ('amx_bf16', 1, False),  # A GPU worker computes on its GPU.
 ])
-def test_the_hint_for_mixed_precision_is_said_only_with_amx(
+def test_the_hint_for_mixed_precision_is_the_chiefs_only_with_amx(
     tmp_path, flags, num_gpus, hinted):
   from training.graph import precision  # pylint: disable=g-import-not-at-top
   cpuinfo = tmp_path / 'cpuinfo'

@@ -115,6 +115,9 @@ def test_rooms_import_only_what_their_init_allows_one_way():
     order += ready
   for module in MODULES:
     parts = module.split('.')
+    if parts[0] == 'training':  # Absolute imports: the rooms by name.
+      assert not [n for n in ast.walk(tree(PATHS[module]))
+                  if isinstance(n, ast.ImportFrom) and n.level], module
     if parts[0] == 'training' and len(parts) == 3:
       used = {n.split('.')[1] for n in imports(PATHS[module])
               if n.startswith('training.')}
@@ -415,6 +418,18 @@ def uses(node):
   return names, strings
 
 
+def imported_in(node):
+  """The product modules a function imports in its own body."""
+  found = set()
+  for sub in ast.walk(node):
+    if isinstance(sub, (ast.Import, ast.ImportFrom)):
+      for alias in sub.names:
+        full = (alias.name if isinstance(sub, ast.Import) else
+                '%s.%s' % (sub.module, alias.name))
+        found |= {BARE.get(n, n) for n in (full, alias.name)} & ALL_MODULES
+  return found
+
+
 def quick_modules(path):
   """The product modules path's quick tests (not marked slow, nor their
   file) use: the modules they name through an import (the file's or their
@@ -424,6 +439,7 @@ def quick_modules(path):
   if any(isinstance(n, ast.Assign) and 'pytestmark' in ast.unparse(n) and
          'slow' in ast.unparse(n) for n in module.body):
     return set()
+  local_imports = {}  # {a function of the file: what it imports itself}.
   local = {}  # {a name the file binds: the product module it stands for}.
   for node in module.body:
     if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -438,6 +454,7 @@ def quick_modules(path):
   for node in module.body:
     if isinstance(node, ast.FunctionDef):
       defined[node.name] = uses(node)
+      local_imports[node.name] = imported_in(node)
     elif isinstance(node, ast.Assign):
       for target in node.targets:
         if isinstance(target, ast.Name):
@@ -448,15 +465,11 @@ def quick_modules(path):
             node.name.startswith('test_') and not slow(node)):
       continue
     names, strings = uses(node)
-    for sub in ast.walk(node):  # What the test imports in its own body.
-      if isinstance(sub, (ast.Import, ast.ImportFrom)):
-        for alias in sub.names:
-          full = (alias.name if isinstance(sub, ast.Import) else
-                  '%s.%s' % (sub.module, alias.name))
-          found |= {BARE.get(n, n) for n in (full, alias.name)} & ALL_MODULES
+    found |= imported_in(node)  # What the test imports in its own body.
     todo = set(names)
     while todo:  # Through the file's own functions and constants.
       name = todo.pop()
+      found |= local_imports.get(name, set())
       if name in defined:
         more, held = defined.pop(name)
         todo |= more - names

@@ -117,9 +117,11 @@ def test_tensorboard_sh_says_when_its_logdir_holds_no_summaries(tmp_path):
   once summaries are there."""
   (tmp_path / 'run').mkdir()
   (tmp_path / 'run' / 'events.out.tfevents.1.host').touch()
+  (tmp_path / 'empty').mkdir()
   said = {}
-  for name, flag in (('empty', ['--logdir=' + str(tmp_path / 'none')]),
+  for name, flag in (('none', ['--logdir=' + str(tmp_path / 'none')]),
                      ('spaced', ['--logdir', str(tmp_path / 'none')]),
+                     ('empty', ['--logdir=' + str(tmp_path / 'empty')]),
                      ('written', ['--logdir=' + str(tmp_path / 'run')])):
     done = subprocess.run(
         ['bash', os.path.join(ROOT, 'scripts', 'tensorboard.sh')] + flag +
@@ -129,5 +131,7 @@ def test_tensorboard_sh_says_when_its_logdir_holds_no_summaries(tmp_path):
     said[name] = done.stderr
   line = ('tensorboard.sh: no summaries in --logdir=%s yet: the page stays '
           'empty until the chief or the evaluator writes there (the tasks\' '
-          '--train_dir)\n' % (tmp_path / 'none'))
-  assert said == {'empty': line, 'spaced': line, 'written': ''}
+          '--train_dir)\n')
+  assert said == {'none': line % (tmp_path / 'none'),
+                  'spaced': line % (tmp_path / 'none'),
+                  'empty': line % (tmp_path / 'empty'), 'written': ''}

@@ -21,6 +21,7 @@ from helpers import SERVERS, worker_graph, free_ports
 
 import train_graph
 from training.graph import learning_rate
+from training.graph import sync_protocol
 
 tf1 = tf.compat.v1
 
@@ -112,7 +113,7 @@ def test_a_synchronous_chief_sends_each_kind_once():
   step's weights come back in one. No control edge: the ps waits for its
   own ops. Was 65 transfers a step in a trace (12 weights, 12 gradients, 12
   local steps, 20 for the statistics, 6 for the hooks' read of the global
-  step...), then 9, then 3."""
+  step...), then 9, then 3 (the weights apart), now 2."""
   assert crossing(1, True, 0) == {
       ('ps0', 'worker0'): [STEP_END],
       ('worker0', 'ps0'): [PUSHED]}
@@ -124,6 +125,38 @@ def test_a_synchronous_worker_sends_no_statistics():
   assert crossing(1, True, 1) == {
       ('ps0', 'worker1'): [STEP_END],
       ('worker1', 'ps0'): [PUSHED]}
+
+
+def ancestors(op):
+  """The ops op waits for, by data or control edge, op left out."""
+  seen, todo = set(), list(op.inputs) + list(op.control_inputs)
+  while todo:
+    item = todo.pop()
+    item = item if isinstance(item, tf.Operation) else item.op
+    if item not in seen:
+      seen.add(item)
+      todo += list(item.inputs) + list(item.control_inputs)
+  return seen
+
+
+def test_a_worker_taken_back_refills_its_weights_after_its_token():
+  """A worker set aside keeps a copy of ps 0's weights from before; taking
+  a token again (sync_protocol.take_token) fills the copy, by reading ps 0's
+  joined weights only once the token is taken: the weights of that token's
+  update, which its next gradient is for."""
+  graph, built = worker_graph(1, True, 1)
+  with graph.as_default():
+    take = sync_protocol.take_token(built.global_step)
+  ran = ancestors(take) | {take}
+  fills = [op for op in ran if op.type == 'AssignVariableOp' and
+           'pulled_weights' in op.inputs[0].op.name]
+  assert len(fills) == 1
+  [read] = [op for op in ancestors(fills[0])
+            if op.type == 'ReadVariableOp' and
+            'joined_weights' in op.inputs[0].op.name]
+  # The token queue's dequeue (the queue SyncReplicasOptimizer shares).
+  [dequeue] = [op for op in ancestors(read) if op.type == 'QueueDequeueV2']
+  assert dequeue.inputs[0].op.get_attr('shared_name') == b'sync_token_q'
 
 
 def test_with_two_ps_each_gets_its_own_packs():
