@@ -45,6 +45,18 @@ def task_of(op, by_name):
   return spec.job, spec.task
 
 
+def ancestors(op):
+  """The ops op waits for, by data or control edge, op left out."""
+  seen, todo = set(), list(op.inputs) + list(op.control_inputs)
+  while todo:
+    item = todo.pop()
+    item = item if isinstance(item, tf.Operation) else item.op
+    if item not in seen:
+      seen.add(item)
+      todo += list(item.inputs) + list(item.control_inputs)
+  return seen
+
+
 def step_graph(num_ps, sync, task_index, packed=True):
   """A worker's training graph on 1 ps + 2 workers (or 2 ps), not run;
   returns (graph, the ops its step runs)."""
@@ -53,12 +65,9 @@ def step_graph(num_ps, sync, task_index, packed=True):
     # What the session loop and TensorFlow's hooks fetch every step.
     fetches = [built.step_after, built.loss, built.accuracy] + tf1.get_collection(
         training_util.GLOBAL_STEP_READ_KEY)
-  step, todo = set(), [t.op for t in fetches]
-  while todo:
-    op = todo.pop()
-    if op not in step:
-      step.add(op)
-      todo += [t.op for t in op.inputs] + list(op.control_inputs)
+  step = set()
+  for tensor in fetches:
+    step |= ancestors(tensor.op) | {tensor.op}
   return graph, step
 
 
@@ -125,18 +134,6 @@ def test_a_synchronous_worker_sends_no_statistics():
   assert crossing(1, True, 1) == {
       ('ps0', 'worker1'): [STEP_END],
       ('worker1', 'ps0'): [PUSHED]}
-
-
-def ancestors(op):
-  """The ops op waits for, by data or control edge, op left out."""
-  seen, todo = set(), list(op.inputs) + list(op.control_inputs)
-  while todo:
-    item = todo.pop()
-    item = item if isinstance(item, tf.Operation) else item.op
-    if item not in seen:
-      seen.add(item)
-      todo += list(item.inputs) + list(item.control_inputs)
-  return seen
 
 
 def test_a_worker_taken_back_refills_its_weights_after_its_token():

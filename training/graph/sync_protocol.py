@@ -39,6 +39,13 @@ def is_token_dequeue(op):
           op.name.endswith(TOKEN_QUEUE + '_Dequeue'))
 
 
+def token_dequeue(graph=None):
+  """The synchronous worker's dequeue of its token in graph (default: the
+  default graph)."""
+  graph = graph or tf1.get_default_graph()
+  return next(op for op in graph.get_operations() if is_token_dequeue(op))
+
+
 def token_queue(global_step):
   """SyncReplicasOptimizer's token queue, beside the global step."""
   def build():
@@ -133,8 +140,7 @@ def mark_progress(global_step, worker):
   """An op, run in each synchronous training step once its gradients are
   applied (when the token dequeue may run): records the local step they
   were for and counts the step, on the global step's ps."""
-  after = next(op for op in tf1.get_default_graph().get_operations()
-               if is_token_dequeue(op)).control_inputs
+  after = token_dequeue().control_inputs
   table = progress_table(global_step)
   # The local step the accumulators took (their input 1): the same read,
   # so that the packing sends it once.
@@ -173,8 +179,7 @@ def step_end(global_step, worker):
   as one tensor once it has its token: the token, the global step then,
   and its aside flag. Returns the first two, split on this worker (the
   flag is aside_seen()'s)."""
-  dequeue = next(op for op in tf1.get_default_graph().get_operations()
-                 if is_token_dequeue(op))
+  dequeue = token_dequeue()
   with tf1.device(None), tf1.device(global_step.device):
     with tf.control_dependencies([dequeue]):
       after = global_step.read_value()

@@ -101,9 +101,9 @@ def read_back_once(*, global_step, worker, update, statistics, mark):
     (the train op, the global step after it), on this worker.
   """
   update = update if isinstance(update, tf.Operation) else update.op
-  ops = update.graph.get_operations()
-  dequeue = next(op for op in ops if sync_protocol.is_token_dequeue(op))
-  waits = next(op for op in ops if sync_protocol.is_progress_mark(op))
+  dequeue = sync_protocol.token_dequeue(update.graph)
+  waits = next(op for op in update.graph.get_operations()
+               if sync_protocol.is_progress_mark(op))
   # Private: Operation._add_control_inputs / _remove_all_control_inputs, as
   # in _group_token_waits. If they go, this raises AttributeError;
   # --nopack_transfers runs without.
@@ -153,8 +153,7 @@ def _kept_from_step_end(joined, pieces, *, dest):
               if sync_protocol.is_step_end(op)), None)
   if end is None or _task(_device(end)) != _task(joined.device):
     return None
-  dequeue = next(op for op in graph.get_operations()
-                 if sync_protocol.is_token_dequeue(op))
+  dequeue = sync_protocol.token_dequeue(graph)
   wire = pieces[0][2] or pieces[0][0].dtype
   size = joined.shape.num_elements()
   with tf1.device(_device(end)):
@@ -171,8 +170,8 @@ def _kept_from_step_end(joined, pieces, *, dest):
       keep = copy.assign(tf.slice(both, [0], [size]), read_value=False)
     values = tf.bitcast(tf.reshape(tf.slice(both, [size], bits.shape), [
         -1, tf.int64.size // wire.size]), tf.int64)
-  for op in graph.get_operations():
-    if op is not both.op and _task(_device(op)) != _task(_device(end)):
+  for op in end.outputs[0].consumers():  # The worker's split of the end.
+    if _task(_device(op)) != _task(_device(end)):
       for index, tensor in enumerate(op.inputs):
         if tensor is end.outputs[0]:
           # Private: Operation._update_input, as in send_packed. If it
