@@ -36,8 +36,13 @@ EVAL_SUBDIR = 'eval'
 RESULTS_FILE = 'results.jsonl'
 
 
-def build_eval_graph(data_dir, batch_size, standardize):
+def build_eval_graph(data_dir, batch_size, standardize, flips=False):
   """Builds the evaluation graph in the default graph.
+
+  Args:
+    data_dir, batch_size, standardize: The test set, read as training did.
+    flips: Also count what is classified correctly from the mean of each
+      photo's logits and its mirror's (fetches' 'correct_flips').
 
   Returns:
     (fetches, restorers, local_init): fetches gives per batch the number of
@@ -53,9 +58,14 @@ def build_eval_graph(data_dir, batch_size, standardize):
         batch_size=batch_size, num_preprocess_threads=1, distort=False,
         standardize=standardize, num_epochs=1)
   global_step = tf1.train.get_or_create_global_step()
+  if flips:  # The photos and their mirrors in one batch: BatchNorm in
+    # inference mode makes each photo's logits its own.
+    images = tf.concat([images, tf.reverse(images, axis=[2])], 0)
   logits = cifar10_model.inference(
       images, is_training=False,
       num_class=data_layout.num_classes(data_dir)[0])
+  if flips:
+    logits, mirrored = tf.split(logits, 2)
   fetches = {
       'examples': tf.size(labels),
       'correct': tf.reduce_sum(tf.cast(tf1.nn.in_top_k(logits, labels, 1),
@@ -65,6 +75,9 @@ def build_eval_graph(data_dir, batch_size, standardize):
       'regularization': tf.add_n(tf1.losses.get_regularization_losses()),
       'global_step': global_step,
   }
+  if flips:
+    fetches['correct_flips'] = tf.reduce_sum(tf.cast(tf1.nn.in_top_k(
+        (logits + mirrored) / 2, labels, 1), tf.int32))
   return (fetches, restorers(), tf1.local_variables_initializer())
 
 
@@ -92,6 +105,8 @@ def has_averages(checkpoint):
 def evaluate_checkpoint(checkpoint, fetches, saver, local_init, config):
   """Returns a result dict for one checkpoint over the whole test file."""
   totals = {'examples': 0, 'correct': 0, 'xent_sum': 0.0}
+  if 'correct_flips' in fetches:
+    totals['correct_flips'] = 0
   with tf1.Session(config=config) as sess:
     saver.restore(sess, checkpoint)
     sess.run(local_init)
@@ -110,7 +125,7 @@ def evaluate_checkpoint(checkpoint, fetches, saver, local_init, config):
   examples = int(totals['examples'])
   if not examples:  # Checked by the reader; kept from dividing by zero.
     raise cifar10_input.DataError('the test set gave no example to evaluate')
-  return {
+  result = {
       'step': int(out['global_step']),
       'loss': float(totals['xent_sum'] / examples + out['regularization']),
       'accuracy': float(totals['correct']) / examples,
@@ -118,6 +133,9 @@ def evaluate_checkpoint(checkpoint, fetches, saver, local_init, config):
       'checkpoint': checkpoint,
       'wall_time': time.time(),
   }
+  if 'correct_flips' in totals:
+    result['accuracy_flips'] = float(totals['correct_flips']) / examples
+  return result
 
 
 def test_set_line(data_dir, train_dir):
@@ -138,10 +156,16 @@ def test_set_line(data_dir, train_dir):
 
 
 def test_line(result, when):
-  """The reference's test line for a result, dated when (a datetime)."""
-  return '%s: step %d, loss = %.2f ,Test accuracy = %.4f (%d examples)' % (
+  """The reference's test line for a result, dated when (a datetime); with
+  --eval_flips, its figure on a line of its own after it."""
+  line = '%s: step %d, loss = %.2f ,Test accuracy = %.4f (%d examples)' % (
       when, result['step'], result['loss'], result['accuracy'],
       result['examples'])
+  if 'accuracy_flips' in result:
+    line += ('\n%s: step %d, Test accuracy with flips averaged = %.4f '
+             '(--eval_flips)' % (when, result['step'],
+                                 result['accuracy_flips']))
+  return line
 
 
 def report(result, eval_dir, writer):
@@ -150,15 +174,18 @@ def report(result, eval_dir, writer):
         flush=True)
   with open(os.path.join(eval_dir, RESULTS_FILE), 'a') as f:
     f.write(json.dumps(result) + '\n')
-  writer.add_summary(tf1.Summary(value=[
+  values = [
       tf1.Summary.Value(tag='test/accuracy', simple_value=result['accuracy']),
-      tf1.Summary.Value(tag='test/loss', simple_value=result['loss'])]),
-                     result['step'])
+      tf1.Summary.Value(tag='test/loss', simple_value=result['loss'])]
+  if 'accuracy_flips' in result:
+    values.append(tf1.Summary.Value(tag='test/accuracy_flips',
+                                    simple_value=result['accuracy_flips']))
+  writer.add_summary(tf1.Summary(value=values), result['step'])
   writer.flush()
 
 
 def run(train_dir, data_dir, batch_size, standardize, max_steps,
-        eval_interval_secs, run_once):
+        eval_interval_secs, run_once, flips=False):
   """Evaluates checkpoints as they appear; returns the exit status.
 
   Args:
@@ -169,11 +196,13 @@ def run(train_dir, data_dir, batch_size, standardize, max_steps,
     max_steps: Stop after evaluating a checkpoint at this step or later.
     eval_interval_secs: How often to look for a new checkpoint.
     run_once: Evaluate the latest checkpoint and return.
+    flips: Also the accuracy with each photo's logits averaged with its
+      mirror's (--eval_flips), reported beside the plain one.
   """
   train_dir = os.path.abspath(train_dir)
   eval_dir = os.path.join(train_dir, EVAL_SUBDIR)
   fetches, savers, local_init = build_eval_graph(data_dir, batch_size,
-                                                 standardize)
+                                                 standardize, flips)
   tf1.get_default_graph().finalize()
   config = tf1.ConfigProto(allow_soft_placement=True,
                            device_count={'GPU': 0})
@@ -184,7 +213,7 @@ def run(train_dir, data_dir, batch_size, standardize, max_steps,
   writer = None  # Made with the first result: a wrong --train_dir gets none.
   seen = set()  # Evaluated, gone, or unreadable: not tried again.
   test_file = os.path.join(os.path.abspath(data_dir), data_layout.TEST_FILE)
-  evaluated = recorded(eval_dir, test_file)  # {content: its result}.
+  evaluated = recorded(eval_dir, test_file, flips)  # {content: result}.
   while True:
     checkpoint = latest(train_dir, run_once)
     if run_once and (checkpoint is None or version(checkpoint) in seen):
@@ -262,17 +291,19 @@ def content(checkpoint):
     return None
 
 
-def recorded(eval_dir, test_file):
+def recorded(eval_dir, test_file, flips=False):
   """{content: result} of the results.jsonl lines on test_file that say
   their checkpoint's content (an earlier release's do not: their
-  checkpoints are evaluated again)."""
+  checkpoints are evaluated again); with flips, of those with the flips'
+  figure."""
   found = {}
   try:
     with open(os.path.join(eval_dir, RESULTS_FILE)) as f:
       for line in f:
         try:
           result = json.loads(line)
-          if result['test_file'] == test_file:
+          if result['test_file'] == test_file and (
+              not flips or 'accuracy_flips' in result):
             found[result['index_sha256']] = result
         except (ValueError, TypeError, KeyError):
           pass  # A line cut short by a crash, or of an earlier release.

@@ -43,6 +43,14 @@ PAD_PIXELS = 4
 RECORDS_PER_READ = 32
 MAX_BRIGHTNESS_DELTA = 63
 CONTRAST_RANGE = (0.2, 1.8)
+# Random erasing (Zhong et al., AAAI 2020), the paper's ranges: the
+# rectangle covers 2-40% of the photo, its height over its width 0.3-3.33.
+# A draw that does not fit in the photo is drawn again, up to ERASE_TRIES
+# times (torchvision's 10); a photo whose draws all miss is left whole.
+ERASE_AREA = (0.02, 0.4)
+ERASE_ASPECT = (0.3, 1 / 0.3)
+ERASE_TRIES = 10
+ERASE_FILLS = ('noise', 'mean')
 
 
 def queue_sizes(num_records, batch_size):
@@ -96,7 +104,54 @@ def random_crops(images, padding=PAD_PIXELS):
   return tf.gather(cropped, cols, axis=2, batch_dims=1)
 
 
-def preprocess(images, distort, standardize, crop_padding=PAD_PIXELS):
+def random_erasing(images, probability, fill='noise'):
+  """Replaces a random rectangle of each photo, with the given probability,
+  by noise or by the photo's mean.
+
+  The fill follows the photo's own statistics, so that it is the paper's
+  in the standardized photo (noise of mean 0 and deviation 1, or 0) and
+  still fits a raw one (--nostandardize).
+
+  Args:
+    images: float32 [n, 32, 32, 3].
+    probability: Python float, the share of photos erased; 0 returns images.
+    fill: 'noise' (each value drawn from a normal of the photo's mean and
+      deviation) or 'mean' (the photo's mean).
+  """
+  if not probability:
+    return images
+  with tf.name_scope('random_erasing'):
+    n = tf.shape(images)[0]
+    area = IMAGE_SIZE * IMAGE_SIZE * tf1.random_uniform(
+        [n, ERASE_TRIES], *ERASE_AREA)
+    aspect = tf1.random_uniform([n, ERASE_TRIES], *ERASE_ASPECT)
+    heights = tf.cast(tf.round(tf.sqrt(area * aspect)), tf.int32)
+    widths = tf.cast(tf.round(tf.sqrt(area / aspect)), tf.int32)
+    fits = (heights < IMAGE_SIZE) & (widths < IMAGE_SIZE)
+    # The first draw that fits, as the paper's code and torchvision take it.
+    first = tf.argmax(tf.cast(fits, tf.int32), axis=1, output_type=tf.int32)
+    height = tf.gather(heights, first, batch_dims=1)
+    width = tf.gather(widths, first, batch_dims=1)
+    erase = tf.reduce_any(fits, axis=1) & (
+        tf1.random_uniform([n]) < probability)
+    top = tf.cast(tf1.random_uniform([n]) * tf.cast(
+        IMAGE_SIZE - height + 1, tf.float32), tf.int32)
+    left = tf.cast(tf1.random_uniform([n]) * tf.cast(
+        IMAGE_SIZE - width + 1, tf.float32), tf.int32)
+    span = tf.range(IMAGE_SIZE)
+    rows = (span >= top[:, None]) & (span < (top + height)[:, None])
+    cols = (span >= left[:, None]) & (span < (left + width)[:, None])
+    inside = (rows[:, :, None] & cols[:, None, :] &
+              erase[:, None, None])[..., None]  # [n, 32, 32, 1]
+    mean, variance = tf.nn.moments(images, axes=[1, 2, 3], keepdims=True)
+    values = mean if fill == 'mean' else mean + tf.sqrt(
+        variance) * tf1.random_normal(tf.shape(images))
+    return tf.where(tf.broadcast_to(inside, tf.shape(images)),
+                    tf.broadcast_to(values, tf.shape(images)), images)
+
+
+def preprocess(images, distort, standardize, crop_padding=PAD_PIXELS,
+               erasing=0.0, erasing_fill='noise'):
   """Turns a uint8 NHWC batch into the float32 network input.
 
   Every random choice is made per image, as tf.image's single-image ops
@@ -108,6 +163,9 @@ def preprocess(images, distort, standardize, crop_padding=PAD_PIXELS):
     standardize: Python bool, apply per-image standardization.
     crop_padding: With distort, the random crop's padding in pixels: each
       image shifts by up to that many; 0 crops nothing.
+    erasing, erasing_fill: With distort, the share of photos with a
+      rectangle erased after the standardization, and what fills it
+      (random_erasing()).
 
   Returns:
     float32 tensor [n, 32, 32, 3]; raw 0..255 values when both are False.
@@ -125,13 +183,16 @@ def preprocess(images, distort, standardize, crop_padding=PAD_PIXELS):
         [n, 1, 1, 1], *CONTRAST_RANGE) + mean
   if standardize:
     images = tf.image.per_image_standardization(images)
+  if distort:
+    images = random_erasing(images, erasing, erasing_fill)
   return images
 
 
 def generate_batch_inputs(eval_data, shuffle, data_dir, batch_size,
                           num_preprocess_threads=16, distort=None,
                           standardize=True, seed=None, num_epochs=None,
-                          crop_padding=PAD_PIXELS):
+                          crop_padding=PAD_PIXELS, erasing=0.0,
+                          erasing_fill='noise'):
   """Builds the input pipeline; returns (images, labels) batches.
 
   Args:
@@ -149,7 +210,8 @@ def generate_batch_inputs(eval_data, shuffle, data_dir, batch_size,
     num_epochs: None repeats forever; an int reads every record that many
       times and then raises OutOfRangeError, with a smaller final batch (the
       evaluator uses 1, with one thread, to see each record exactly once).
-    crop_padding: With distort, the random crop's padding (preprocess()).
+    crop_padding, erasing, erasing_fill: With distort, the random crop's
+      padding and random erasing (preprocess()).
 
   Returns:
     images: float32 [batch_size, 32, 32, 3] (the last batch may be smaller
@@ -171,7 +233,8 @@ def generate_batch_inputs(eval_data, shuffle, data_dir, batch_size,
     # cluster, where every call goes through the gRPC master.
     images, labels = read_cifar10(filename_queue,
                                   min(RECORDS_PER_READ, batch_size))
-    images = preprocess(images, distort, standardize, crop_padding)
+    images = preprocess(images, distort, standardize, crop_padding,
+                        erasing, erasing_fill)
     images.set_shape([None, IMAGE_SIZE, IMAGE_SIZE, cifar_depth])
     batch_args = dict(batch_size=batch_size, enqueue_many=True,
                       num_threads=num_preprocess_threads, capacity=capacity,

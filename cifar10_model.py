@@ -116,6 +116,19 @@ def inference_in(inputs, is_training=True, dropout_keep_prob=0.8,
                                     normalizer_fn=None, scope='Logits')
 
 
+def batch_norm_decay(given, gradients_per_update):
+  """BatchNorm's decay: the given one, else BATCH_NORM_DECAY to the power of
+  the gradients an update aggregates.
+
+  A synchronous update runs the moving statistics' update once, on the
+  chief's batch, where one process runs it once a batch: the power keeps
+  their window as many examples long.
+  """
+  if given is not None:
+    return given
+  return BATCH_NORM_DECAY ** gradients_per_update
+
+
 def moving_averages(global_step=None):
   """The ExponentialMovingAverage of the weights (the trainable variables).
 

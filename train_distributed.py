@@ -92,7 +92,7 @@ def main(_):
       status = cifar10_eval.run(
           FLAGS.train_dir, FLAGS.data_dir, FLAGS.batch_size,
           FLAGS.standardize, FLAGS.max_steps, FLAGS.eval_interval_secs,
-          FLAGS.run_once)
+          FLAGS.run_once, flips=FLAGS.eval_flips)
     else:
       status = train_worker(task, cluster)
   except (cluster_config.UsageError, cifar10_input.DataError,
@@ -159,8 +159,7 @@ def start_server(cluster, job_name, task_index, config):
 def train_worker(task, cluster):
   """Trains as worker task.task_index; returns the exit status."""
   index, is_chief = task.task_index, task.task_index == 0
-  # The ps processes write the checkpoint shards: a path not relative.
-  train_dir = os.path.abspath(FLAGS.train_dir)
+  train_dir = os.path.abspath(FLAGS.train_dir)  # The ps tasks write there.
   config = session_config.session_config(
       'worker', index, task.worker_hosts if cluster else None,
       FLAGS.num_gpus, FLAGS.intra_op_threads, FLAGS.log_device_placement,
@@ -174,6 +173,7 @@ def train_worker(task, cluster):
     master = start_server(cluster, 'worker', index, config).target
   sync = FLAGS.sync_replicas and cluster is not None
   replicas = FLAGS.replicas_to_aggregate or len(task.worker_hosts)
+  gradients = replicas if sync else 1  # What an update aggregates.
   input_device, variable_device = train_graph.devices(
       cluster=cluster, task_index=index, num_gpus=FLAGS.num_gpus)
   with tf.device(input_device):
@@ -181,13 +181,13 @@ def train_worker(task, cluster):
   with tf1.device(variable_device):
     graph = train_graph.build(
         images=images, labels=labels, num_ps=len(task.ps_hosts), worker=index,
-        schedule=schedule(FLAGS.batch_size * (replicas if sync else 1)),
+        schedule=schedule(FLAGS.batch_size * gradients),
         sync=(replicas, len(task.worker_hosts)) if sync else None,
         rule=train_graph.UpdateRule(FLAGS.optimizer, FLAGS.momentum,
                                     FLAGS.nesterov),
         terms=train_graph.LossTerms(FLAGS.weight_decay, FLAGS.label_smoothing),
         num_classes=data_layout.num_classes(FLAGS.data_dir)[0],
-        batch_norm_decay=FLAGS.batch_norm_decay,
+        batch_norm_decay=batch_norm_decay(gradients=gradients, chief=is_chief),
         loss_scale=(FLAGS.initial_loss_scale
                     if compute_dtype() == 'float16' else None),
         loss_scale_period=FLAGS.loss_scale_period,
@@ -225,7 +225,21 @@ def inputs(*, seed):
       eval_data=False, shuffle=True, data_dir=FLAGS.data_dir,
       batch_size=FLAGS.batch_size, seed=seed, distort=FLAGS.distort,
       num_preprocess_threads=FLAGS.num_preprocess_threads,
-      standardize=FLAGS.standardize, crop_padding=FLAGS.crop_padding)
+      standardize=FLAGS.standardize, crop_padding=FLAGS.crop_padding,
+      erasing=FLAGS.random_erasing, erasing_fill=FLAGS.erasing_fill)
+
+
+def batch_norm_decay(*, gradients, chief):
+  """BatchNorm's decay for updates of this many gradients; the chief says
+  which where an update aggregates several."""
+  decay = cifar10_model.batch_norm_decay(FLAGS.batch_norm_decay, gradients)
+  if chief and gradients > 1:
+    print('Worker 0: BatchNorm\'s moving statistics keep %.4g an update (%s)'
+          % (decay, '--batch_norm_decay' if FLAGS.batch_norm_decay is not None
+             else '%g^%d: %d gradients an update; --batch_norm_decay sets '
+             'another' % (cifar10_model.BATCH_NORM_DECAY, gradients,
+                          gradients)), flush=True)
+  return decay
 
 
 def schedule(examples_per_update):

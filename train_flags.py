@@ -70,6 +70,12 @@ flags.DEFINE_boolean('distort', True,
                      'brightness, contrast). The reference had this off.')
 flags.DEFINE_integer('crop_padding', cifar10_input.PAD_PIXELS,
                      'With --distort: the most pixels a crop shifts; 0: none.')
+flags.DEFINE_float('random_erasing', 0.0, 'With --distort: the share of '
+                   'training photos with a random rectangle erased (Zhong et '
+                   'al. 2020), after the standardization; 0: none.')
+flags.DEFINE_enum('erasing_fill', 'noise', list(cifar10_input.ERASE_FILLS),
+                  'With --random_erasing: noise of the photo\'s mean and '
+                  'deviation, or its mean.')
 flags.DEFINE_boolean('standardize', True, 'Per-image standardization of the '
                      'input. The reference had this off (raw 0..255 pixels).')
 flags.DEFINE_float('initial_learning_rate', 0.1, 'Initial learning rate.')
@@ -95,9 +101,11 @@ flags.DEFINE_float('weight_decay', cifar10_model.WEIGHT_DECAY, 'The L2 '
                    'term\'s factor on the weights in the loss.')
 flags.DEFINE_float('label_smoothing', 0.0, 'The share of each label spread '
                    'evenly over the classes in the loss; 0: none.')
-flags.DEFINE_float('batch_norm_decay', cifar10_model.BATCH_NORM_DECAY,
+flags.DEFINE_float('batch_norm_decay', None,
                    'The share of BatchNorm\'s moving statistics each update '
-                   'keeps; N sync workers update them N times fewer an epoch.')
+                   'keeps; default %g, and %g to the power of the gradients '
+                   'a synchronous update aggregates (they are updated once '
+                   'an update).' % ((cifar10_model.BATCH_NORM_DECAY,) * 2))
 flags.DEFINE_integer('seed', 0, 'Random seed; worker i uses seed + i for its '
                      'file order, shuffling and augmentation.')
 flags.DEFINE_boolean('fresh_start', False, 'Chief only: delete --train_dir and '
@@ -112,6 +120,9 @@ flags.DEFINE_float('eval_interval_secs', 5,
                    'Evaluator: how often to look for a new checkpoint.')
 flags.DEFINE_boolean('run_once', False,
                      'Evaluator: evaluate the latest checkpoint and exit.')
+flags.DEFINE_boolean('eval_flips', False, 'Evaluator: also the accuracy with '
+                     'each photo\'s logits averaged with its mirror\'s, '
+                     'beside the plain one.')
 flags.DEFINE_boolean('mixed_precision', False,
                      'Worker: compute in bfloat16 on a CPU, float16 on a GPU; '
                      'variables and checkpoints stay float32.')
@@ -166,7 +177,8 @@ for _name in ('eval_interval_secs', 'intra_op_threads', 'num_gpus',
   require(_name, lambda v: v >= 0, '0 or more')
 require('initial_loss_scale', lambda v: v > 0, 'more than 0')  # NaN neither.
 for _name in ('momentum', 'label_smoothing', 'batch_norm_decay'):
-  require(_name, lambda v: 0 <= v < 1, 'at least 0 and below 1')
+  require(_name, lambda v: v is None or 0 <= v < 1, 'at least 0 and below 1')
+require('random_erasing', lambda v: 0 <= v <= 1, 'from 0 to 1')
 require('weight_decay', lambda v: v >= 0, '0 or more')
 flags.register_multi_flags_validator(
     ['optimizer', 'momentum', 'nesterov'],
@@ -174,20 +186,44 @@ flags.register_multi_flags_validator(
         v['momentum'] == FLAGS['momentum'].default and not v['nesterov']),
     message='--momentum and --nesterov apply with --optimizer=momentum '
     'only: add it, or drop them')
+flags.register_multi_flags_validator(
+    ['random_erasing', 'distort'],
+    lambda v: v['distort'] or not v['random_erasing'],
+    message='--random_erasing erases with --distort only: drop --nodistort, '
+    'or --random_erasing')
+flags.register_multi_flags_validator(
+    ['erasing_fill', 'random_erasing'],
+    lambda v: v['random_erasing'] or not FLAGS['erasing_fill'].present,
+    message='--erasing_fill applies with --random_erasing only: add it, or '
+    'drop --erasing_fill')
 require('trace_steps', lambda v: all(s.isdigit() and int(s) >= 1 for s in v),
         'step numbers from 1, e.g. 50,51')
 
 
 def parse_flags(argv):
-  """absl's parsing; a value our validators refuse is one Error: line and
-  exit status 2, as every other mistake on the command line here."""
+  """absl's parsing; a value our validators refuse, or one absl cannot
+  read as the flag's kind, is one Error: line and exit status 2, as every
+  other mistake on the command line here. An unknown flag keeps absl's
+  words (and its exit status 1)."""
   try:
     return FLAGS(argv)
   except flags.Error as e:
     # absl says 'flag --NAME=VALUE: MESSAGE' (flags NAME=VALUE, ...: for
     # several); our messages name the flag.
     mine = re.match(r'flags? .*?: (--.*)', str(e), re.S)
+    value = re.match(r'flag (--[^=]+)=(.*?): (.*)', str(e), re.S)
     if mine:
       print('Error: %s' % mine.group(1), file=sys.stderr)
+      sys.exit(2)
+    if value:
+      name, given, why = value.groups()
+      if 'boolean' in why:
+        why = 'it takes no value: give %s or --no%s' % (name, name[2:])
+      elif 'invalid literal' in why:  # (Python's words name no flag.)
+        why = 'must be a whole number'
+      elif 'convert' in why:
+        why = 'must be a number'
+      print('Error: %s=%s: %s' % (name, given, why.splitlines()[0]),
+            file=sys.stderr)
       sys.exit(2)
   return app.parse_flags_with_usage(argv)  # absl's words and exit status.

@@ -131,9 +131,11 @@ def check_model(checkpoint):
   return shape[0]
 
 
-def build(*, standardize, num_class, names_file):
+def build(*, standardize, num_class, names_file, flips=False):
   """Builds the exported graph in the default graph: uint8 images in,
-  the evaluator's preprocessing and network, and what it answers.
+  the evaluator's preprocessing and network, and what it answers; with
+  flips, from the mean of each image's logits and its mirror's (the
+  evaluator's --eval_flips).
 
   Returns:
     ({'images': placeholder}, {output name: tensor}).
@@ -142,10 +144,14 @@ def build(*, standardize, num_class, names_file):
                                       cifar10_input.IMAGE_SIZE,
                                       cifar10_input.cifar_depth],
                            name='images')
-  logits = cifar10_model.inference(
-      cifar10_input.preprocess(images, distort=False,
-                               standardize=standardize),
-      is_training=False, num_class=num_class)
+  inputs = cifar10_input.preprocess(images, distort=False,
+                                    standardize=standardize)
+  if flips:
+    inputs = tf.concat([inputs, tf.reverse(inputs, axis=[2])], 0)
+  logits = cifar10_model.inference(inputs, is_training=False,
+                                   num_class=num_class)
+  if flips:
+    logits = tf.add_n(tf.split(logits, 2)) / 2
   class_index = tf.argmax(logits, 1, name='class_index')
   # The names from the asset, one a line: they travel with the model.
   asset = tf.constant(names_file, name='class_names_file')
@@ -159,7 +165,7 @@ def build(*, standardize, num_class, names_file):
       'class_name': tf.identity(names.lookup(class_index), name='class_name')}
 
 
-def export(checkpoint, export_dir, *, standardize, class_names):
+def export(checkpoint, export_dir, *, standardize, class_names, flips=False):
   """Writes the SavedModel of checkpoint (of this model, class_names'
   classes) to export_dir, whole or not at all.
 
@@ -173,7 +179,8 @@ def export(checkpoint, export_dir, *, standardize, class_names):
     with open(names_file, 'w', encoding='utf-8') as f:
       f.write(''.join(name + '\n' for name in class_names))
     inputs, outputs = build(standardize=standardize,
-                            num_class=len(class_names), names_file=names_file)
+                            num_class=len(class_names), names_file=names_file,
+                            flips=flips)
     averaged, raw = cifar10_eval.restorers()
     has_averages = cifar10_eval.has_averages(checkpoint)
     init_tables = tf1.tables_initializer()  # Before a session runs.
@@ -195,7 +202,8 @@ def export(checkpoint, export_dir, *, standardize, class_names):
   return has_averages
 
 
-def said(checkpoint, export_dir, has_averages, standardize, class_names):
+def said(checkpoint, export_dir, has_averages, standardize, class_names,
+         flips=False):
   """The lines that say what was exported."""
   count = len(class_names)
   return [
@@ -204,9 +212,10 @@ def said(checkpoint, export_dir, has_averages, standardize, class_names):
           'the moving averages of its weights' if has_averages else
           'its weights as they are: an earlier release kept no moving '
           'averages', os.path.abspath(export_dir)),
-      '%s: images uint8 [N,32,32,3]%s -> probabilities [N,%d], class_index '
-      '[N], class_name [N] of %d classes: %s' % (
-          SIGNATURE, ', standardized' if standardize else '', count, count,
+      '%s: images uint8 [N,32,32,3]%s%s -> probabilities [N,%d], '
+      'class_index [N], class_name [N] of %d classes: %s' % (
+          SIGNATURE, ', standardized' if standardize else '',
+          ', with their mirrors' if flips else '', count, count,
           ', '.join(class_names[:10]) + (', ...' if count > 10 else ''))]
 
 
@@ -240,6 +249,9 @@ def parse_args(argv):
                       help='comma-separated, in label order, for a '
                       'train_dir without export.json; given, they override '
                       'the record')
+  parser.add_argument('--eval_flips', action='store_true',
+                      help='answer from the mean of each image\'s logits '
+                      'and its mirror\'s, as the evaluator\'s --eval_flips')
   return parser.parse_args(argv)
 
 
@@ -261,9 +273,10 @@ def main(argv=None):
                             checkpoint, count, len(names), ','.join(names),
                             count))
     has_averages = export(checkpoint, args.export_dir,
-                          standardize=standardize, class_names=names)
+                          standardize=standardize, class_names=names,
+                          flips=args.eval_flips)
     for line in said(checkpoint, args.export_dir, has_averages, standardize,
-                     names):
+                     names, flips=args.eval_flips):
       print(line, flush=True)
   except ExportError as e:
     print('Error: %s' % e, file=sys.stderr)

@@ -51,7 +51,8 @@ def class_names(data_dir):
     return [line.strip() for line in f if line.strip()]
 
 
-def read_records(path, num, seed, crop_padding=cifar10_input.PAD_PIXELS):
+def read_records(path, num, seed, crop_padding=cifar10_input.PAD_PIXELS,
+                 erasing=0.0, erasing_fill='noise'):
   """The first num records of a file through the trainer's reader.
 
   Returns:
@@ -64,7 +65,9 @@ def read_records(path, num, seed, crop_padding=cifar10_input.PAD_PIXELS):
     images, labels = cifar10_input.read_cifar10(files, num)
     plain = cifar10_input.preprocess(images, distort=False, standardize=False)
     network = cifar10_input.preprocess(images, distort=True, standardize=True,
-                                       crop_padding=crop_padding)
+                                       crop_padding=crop_padding,
+                                       erasing=erasing,
+                                       erasing_fill=erasing_fill)
     with tf1.Session() as sess:
       sess.run(files.enqueue(path))
       sess.run(files.close())
@@ -159,10 +162,21 @@ def main(argv=None):
                       default=cifar10_input.PAD_PIXELS,
                       help="the trainer's --crop_padding (default: "
                       '%(default)s)')
+  parser.add_argument('--random_erasing', type=float, default=0.0,
+                      help="the trainer's --random_erasing (default: "
+                      '%(default)s)')
+  parser.add_argument('--erasing_fill', default='noise',
+                      help="the trainer's --erasing_fill (default: "
+                      '%(default)s)')
   args = parser.parse_args(argv)
   tf1.disable_eager_execution()
   if args.crop_padding < 0:
     fail('--crop_padding must be 0 or more (got %d)' % args.crop_padding)
+  if not 0 <= args.random_erasing <= 1:
+    fail('--random_erasing must be from 0 to 1 (got %g)' % args.random_erasing)
+  if args.erasing_fill not in cifar10_input.ERASE_FILLS:
+    fail('--erasing_fill must be one of %s (got %s)' % (
+        ', '.join(cifar10_input.ERASE_FILLS), args.erasing_fill))
   try:
     files, _ = cifar10_input.check_data(args.data_dir, eval_data=False)
   except cifar10_input.DataError as e:
@@ -170,7 +184,8 @@ def main(argv=None):
   names = class_names(args.data_dir)
   first = sorted(files)[0]
   plain, network, labels = read_records(first, args.num, args.seed,
-                                        args.crop_padding)
+                                        args.crop_padding, args.random_erasing,
+                                        args.erasing_fill)
   captions = [names[l] for l in labels]
   panels = [('%s, as decoded' % os.path.basename(first), plain, captions),
             ('the same, as the network gets them (augmented, standardized)',

@@ -1,10 +1,12 @@
 """pytest's fixtures: tiny datasets on disk, processes killed by PID, the
 trainer's flags, the fork server stopped, each test's environment restored,
-and two tests at a time (pytest-xdist) but for those marked alone. What the
+the slow tests first, and two tests at a time (pytest-xdist) but for those
+marked alone. What the
 tests share besides is in helpers.py (importing it sets up the suite's
 environment: see suite_env.from_caller)."""
 
 import fcntl
+import itertools
 import os
 
 import pytest
@@ -40,6 +42,26 @@ def pytest_configure(config):
   config.addinivalue_line(
       'markers', 'slow: left out of the quick tier (README: -m "not slow"); '
       'every module keeps a quick test (test_structure.py)')
+
+
+@pytest.hookimpl(trylast=True)  # After pytest's own reordering.
+def pytest_collection_modifyitems(items):
+  """The slow tests first on every pytest-xdist worker, the quick ones
+  after them, so that the run ends on quick tests on both: worksteal hands
+  each worker a contiguous share of this order and steals from a share's
+  end. Each share gets every Nth file's slow tests, then every Nth file's
+  quick ones: a file's module fixtures are built once a share."""
+  workers = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1'))
+
+  def by_file(group):
+    return [list(tests) for _, tests in itertools.groupby(
+        group, key=lambda item: item.nodeid.split('::')[0])]
+
+  slow = by_file(i for i in items if i.get_closest_marker('slow'))
+  quick = by_file(i for i in items if not i.get_closest_marker('slow'))
+  items[:] = [item for k in range(workers)
+              for tests in slow[k::workers] + quick[k::workers]
+              for item in tests]
 
 
 @pytest.hookimpl(wrapper=True)

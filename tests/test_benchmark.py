@@ -92,7 +92,7 @@ def test_benchmark_quick_run(tmp_path):
   if perf:
     assert_perf(results, stdout)
   assert set(results['input_cpu_ms_per_record']) == set(
-      list(results['input'])[:2])
+      list(results['input'])[:3])
   for name, ms in results['input_cpu_ms_per_record'].items():
     # At most the cores' time per record it delivered, and some.
     assert 0.001 < ms <= cores * 1.25e3 / results['input'][name], name

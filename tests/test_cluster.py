@@ -95,6 +95,29 @@ BAD_FLAGS = {
     'negative_batch_norm_decay': (['--batch_norm_decay=-0.1'],
                                   '--batch_norm_decay must be at least 0 and '
                                   'below 1 (got -0.1)'),
+    'batch_norm_decay_word': (['--batch_norm_decay=auto'],
+                              '--batch_norm_decay=auto: must be a number'),
+    'random_erasing_above_1': (['--random_erasing=1.5'], '--random_erasing '
+                               'must be from 0 to 1 (got 1.5)'),
+    'negative_random_erasing': (['--random_erasing=-0.1'], '--random_erasing '
+                                'must be from 0 to 1 (got -0.1)'),
+    'random_erasing_word': (['--random_erasing=half'],
+                            '--random_erasing=half: must be a number'),
+    'batch_size_fraction': (['--batch_size=1.5'],
+                            '--batch_size=1.5: must be a whole number'),
+    'random_erasing_without_distort': (
+        ['--random_erasing=0.5', '--nodistort'], '--random_erasing erases '
+        'with --distort only: drop --nodistort, or --random_erasing'),
+    'erasing_fill_without_erasing': (
+        ['--erasing_fill=mean'], '--erasing_fill applies with '
+        '--random_erasing only: add it, or drop --erasing_fill'),
+    'erasing_fill_zeros': (['--erasing_fill=zeros'], '--erasing_fill=zeros: '
+                           'value should be one of <noise|mean>'),
+    'eval_flips_maybe': (['--job_name=evaluator', '--eval_flips=maybe'],
+                         '--eval_flips=maybe: it takes no value: give '
+                         '--eval_flips or --noeval_flips'),
+    'optimizer_adam': (['--optimizer=adam'], '--optimizer=adam: value should '
+                       'be one of <sgd|momentum>'),
 }
 
 
@@ -104,7 +127,7 @@ def test_bad_flags_give_one_line_and_exit_2(procs, tmp_path):
   # its few seconds importing TensorFlow before it finds its flags wrong.
   for case, (flags, _) in BAD_FLAGS.items():
     procs.trainer(case, '--train_dir=' + str(tmp_path / case), *flags)
-  assert procs.wait_all(timeout=120) == dict.fromkeys(BAD_FLAGS, 2)
+  assert procs.wait_all(timeout=180) == dict.fromkeys(BAD_FLAGS, 2)
   for case, (_, message) in BAD_FLAGS.items():
     log = procs.log(case)
     # Nothing but the one line, after the reference's echo of the task.

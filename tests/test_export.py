@@ -227,6 +227,62 @@ def test_the_export_is_the_evaluators_model_in_plain_tensorflow(
     assert line in out, out
 
 
+def mirrored(data_dir, into):
+  """A copy of data_dir whose test records are mirrored left to right."""
+  shutil.copytree(data_dir, into)
+  records = np.fromfile(os.path.join(into, 'test_batch.bin'), np.uint8)
+  records = records.reshape(-1, 3073)
+  chw = records[:, 1:].reshape(-1, 3, 32, 32)[..., ::-1]
+  np.concatenate([records[:, :1], chw.reshape(-1, 3072)], 1).tofile(
+      os.path.join(into, 'test_batch.bin'))
+  return into
+
+
+@pytest.mark.slow
+def test_eval_flips_averages_the_plain_models_logits_with_the_mirrors(
+    trained, tiny_data, procs, tmp_path):
+  """--eval_flips, in the evaluator and the export, against the plain
+  evaluator's model run twice by hand: on the photos, and on their mirrors
+  (a copy of the test file flipped in numpy). Its log-probabilities are
+  the logits less a constant a photo: their mean ranks the classes as the
+  logits' mean does."""
+  photos = evaluator_probabilities(tiny_data, trained['checkpoint'], True)
+  mirrors = evaluator_probabilities(mirrored(tiny_data, str(tmp_path / 'm')),
+                                    trained['checkpoint'], True)
+  mean = (np.log(photos) + np.log(mirrors)) / 2
+  _, labels = read_records(tiny_data)
+  plain = float(np.mean(np.argmax(photos, 1) == labels))
+  flips = float(np.mean(np.argmax(mean, 1) == labels))
+  # The mirrors change some answers: the photos tell the two apart.
+  assert (np.argmax(mean, 1) != np.argmax(photos, 1)).any()
+  procs.trainer('flips', '--job_name=evaluator', '--run_once',
+                '--eval_flips', '--data_dir=' + tiny_data,
+                '--train_dir=' + trained['train_dir'])
+  assert procs.wait_all(timeout=300) == {'flips': 0}, procs.tails()
+  log = procs.log('flips')
+  # Beside the plain figure, never instead of it; evaluated again, though
+  # the fixture's evaluator had this checkpoint's plain figure (its line in
+  # eval/results.jsonl, which no other test of the fixture reads).
+  assert ',Test accuracy = %.4f (50 examples)\n' % plain in log, log
+  assert ': step %d, Test accuracy with flips averaged = %.4f (--eval_flips)' % (
+      STEPS, flips) in log, log
+  with open(os.path.join(trained['train_dir'], 'eval',
+                         'results.jsonl')) as f:
+    result = [json.loads(line) for line in f][-1]
+  assert (result['accuracy'], result['accuracy_flips']) == (plain, flips)
+  # The export, as an option: the softmax of the mean of the logits.
+  export_dir = str(tmp_path / 'export')
+  code, out, err = run(EXPORT, '--train_dir=' + trained['train_dir'],
+                       '--export_dir=' + export_dir, '--eval_flips')
+  assert (code, err) == (0, ''), err
+  assert 'images uint8 [N,32,32,3], standardized, with their mirrors ->' in out
+  images, _ = read_records(tiny_data)
+  served = serve_in_plain_tf2(export_dir, images, tmp_path)
+  expected = np.exp(mean) / np.exp(mean).sum(1, keepdims=True)
+  np.testing.assert_allclose(served['probabilities'], expected, rtol=0,
+                             atol=1e-5)
+
+
 def colour(label, index):
   """The colour of image index of class label, 10 apart from any other."""
   return (60 * label + 10 * index, 90, 200 - 40 * label)

@@ -310,9 +310,9 @@ def test_missing_test_file(handmade):
 def test_show_inputs_shows_the_crops_of_the_padding_given(tmp_path,
                                                            monkeypatch,
                                                            capsys):
-  """scripts/show_inputs.py's --crop_padding reaches the reader it draws
-  from, and the reader crops with it: white records stay one value each
-  without crops; with 4 pixels, black shifts in."""
+  """scripts/show_inputs.py's --crop_padding and --random_erasing reach the
+  reader it draws from, and the reader crops with it: white records stay
+  one value each without crops; with 4 pixels, black shifts in."""
   import show_inputs  # pylint: disable=g-import-not-at-top
   white = np.full((20, 3, 32, 32), 255, np.uint8)
   for name in ('data_batch_1.bin', 'test_batch.bin'):
@@ -329,8 +329,9 @@ def test_show_inputs_shows_the_crops_of_the_padding_given(tmp_path,
                       lambda *args: given.append(args) or real(*args))
   png = tmp_path / 'inputs.png'
   show_inputs.main(['--data_dir=' + str(tmp_path), '--out=' + str(png),
-                    '--num=4', '--crop_padding=3'])
-  assert given == [(path, 4, 0, 3)] and png.exists()
+                    '--num=4', '--crop_padding=3', '--random_erasing=0.5',
+                    '--erasing_fill=mean'])
+  assert given == [(path, 4, 0, 3, 0.5, 'mean')] and png.exists()
   png.unlink()
   capsys.readouterr()  # What the runs above printed.
   with pytest.raises(SystemExit) as exited:  # One line, status 2.
@@ -339,4 +340,13 @@ def test_show_inputs_shows_the_crops_of_the_padding_given(tmp_path,
   assert exited.value.code == 2
   assert capsys.readouterr().err == (
       'Error: --crop_padding must be 0 or more (got -1)\n')
+  for flag, error in [('--random_erasing=2', '--random_erasing must be from '
+                       '0 to 1 (got 2)'),
+                      ('--erasing_fill=zeros', '--erasing_fill must be one '
+                       'of noise, mean (got zeros)')]:
+    with pytest.raises(SystemExit) as exited:
+      show_inputs.main(['--data_dir=' + str(tmp_path), '--out=' + str(png),
+                        flag])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == 'Error: %s\n' % error
   assert not png.exists()

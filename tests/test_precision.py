@@ -27,7 +27,7 @@ tf1 = tf.compat.v1
 from helpers import SERVERS, free_ports
 from helpers import assert_clean_logs, checkpoint_step, checkpoint_steps
 from helpers import cluster_flags, single_process_flags, steps, wait_until
-from helpers import start_cluster
+from helpers import FLOAT16_ENV, start_cluster
 
 from training.graph import learning_rate
 
@@ -115,7 +115,8 @@ def test_both_flags_in_a_synchronous_cluster_then_resumed_async(
   start_cluster(procs, flags + ['--max_steps=20', '--mixed_precision',
                                 '--mixed_precision_dtype=' + dtype,
                                 '--transfer_dtype=bfloat16',
-                                '--trace_steps=3,4,5,6,7'], num_ps=2)
+                                '--trace_steps=3,4,5,6,7'], num_ps=2,
+                worker_env=FLOAT16_ENV if dtype == 'float16' else None)
   assert set(procs.wait_all(timeout=180).values()) == {0}, procs.tails()
   assert checkpoint_step(train_dir) == 20
   log = procs.log('worker0')
@@ -167,7 +168,8 @@ def test_both_flags_in_a_synchronous_cluster_then_resumed_async(
       MOMENTUM[dtype]) if dtype == 'float16' else []
   start_cluster(procs, cluster_flags(tiny_data, train_dir) + [
       '--max_steps=30', '--nosync_replicas', '--transfer_dtype=bfloat16'] +
-                again, suffix='_again')
+                again, suffix='_again',
+                worker_env=FLOAT16_ENV if again else None)
   assert set(procs.wait_all(timeout=180).values()) == {0}, procs.tails()
   log = procs.log('worker0_again')
   assert 'Worker 0: resuming from %s/model.ckpt-20\n' % train_dir in log
@@ -194,7 +196,8 @@ def test_mixed_precision_in_one_process_then_without(procs, tiny_data,
              '--save_summaries_steps=1'] if dtype == 'float16' else []
   procs.trainer('mixed', '--max_steps=15', '--mixed_precision',
                 '--mixed_precision_dtype=' + dtype, '--trace_steps=3',
-                *scaling, *flags)
+                *scaling, *flags,
+                env=FLOAT16_ENV if dtype == 'float16' else None)
   assert procs.wait_all(timeout=120) == {'mixed': 0}, procs.tails()
   assert MIXED.search(procs.log('mixed'))
   if dtype == 'auto':  # bfloat16 on a CPU.
@@ -328,7 +331,8 @@ def test_overflows_in_a_synchronous_cluster_with_a_backup_worker(
   start_cluster(procs, cluster_flags(tiny_data, train_dir, 3, 2) + [
       '--max_steps=20', '--replicas_to_aggregate=2', '--mixed_precision',
       '--mixed_precision_dtype=float16', '--initial_loss_scale=%d' % initial,
-      '--save_summaries_steps=1', '--save_checkpoint_steps=5'], 3, 2)
+      '--save_summaries_steps=1', '--save_checkpoint_steps=5'], 3, 2,
+                worker_env=FLOAT16_ENV)
   codes = procs.wait_all(timeout=240)
   assert codes == dict.fromkeys(
       ['ps0', 'ps1', 'worker0', 'worker1', 'worker2'], 0), procs.tails()
@@ -370,7 +374,8 @@ def test_a_worker_joining_late_does_not_reset_the_loss_scale(
       '--mixed_precision_dtype=float16', '--initial_loss_scale=%d' % 2**24,
       '--loss_scale_period=100000']
   procs.trainer('ps0', '--job_name=ps', '--task_index=0', *flags)
-  procs.trainer('worker0', '--job_name=worker', '--task_index=0', *flags)
+  procs.trainer('worker0', '--job_name=worker', '--task_index=0', *flags,
+                env=FLOAT16_ENV)
   # Halved twice at least: a reset to 2**24 would then show (a reset at
   # 2**23 would come back as 2**24 / 2, as if nothing happened).
   wait_until(lambda: any(scale <= 2**22 for _, scale in skipped_lines(
@@ -379,7 +384,7 @@ def test_a_worker_joining_late_does_not_reset_the_loss_scale(
   # count initialized again when it joined, the chief's next line would say
   # a scale of 2**30 / 2**(its count), far above the ones before.
   procs.trainer('worker1', '--job_name=worker', '--task_index=1', *flags,
-                '--initial_loss_scale=%d' % 2**30)
+                '--initial_loss_scale=%d' % 2**30, env=FLOAT16_ENV)
   wait_until(lambda: steps(procs, 'worker1'), 120,
            'worker 1 training', procs)
   # The global step after worker 1's 5th step: it had joined by then.
@@ -526,8 +531,8 @@ def two_workers(procs):
   hosts = ['localhost:%d' % p for p in ports]
   cluster = {'ps': hosts[:1], 'worker': hosts[1:]}
   procs.start('servers', ['-c', SERVERS, json.dumps(cluster)],
-              env={'TF_CPP_MIN_LOG_LEVEL': '2',
-                   'TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16': '0'})
+              env=dict(FLOAT16_ENV, TF_CPP_MIN_LOG_LEVEL='2',
+                       TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16='0'))
   config = tf1.ConfigProto()
   config.graph_options.rewrite_options.auto_mixed_precision_cpu = (
       rewriter_config_pb2.RewriterConfig.ON)

@@ -1,7 +1,7 @@
 """The benchmark's input pipelines, measured in its own process.
 
 Owns the records/s, and this process's CPU ms per record, of the trainer's
-16-thread queue pipeline, of tf.data with the same decoding and
+16-thread queue pipeline (and with half the photos erased), of tf.data with the same decoding and
 preprocessing, and of a numpy decode of the same bytes from memory (no
 augmentation: an upper bound). Run with TensorFlow in graph mode.
 """
@@ -15,6 +15,7 @@ import cifar10_input
 
 tf1 = tf.compat.v1
 QUEUE_INPUT = "queue, 16 threads (the trainer's)"
+ERASING_INPUT = 'the same, --random_erasing=0.5'
 TFDATA_INPUT = 'tf.data, same decoding'
 NUMPY_INPUT = 'numpy decode from memory (bound)'
 
@@ -23,19 +24,22 @@ def measure(*, data_dir, batch_size, seconds):
   """({pipeline: records/s}, {pipeline: CPU ms per record}); the numpy
   bound's CPU is not counted."""
   queue, queue_ms = queue_records_per_sec(data_dir, batch_size, seconds)
+  erasing, erasing_ms = queue_records_per_sec(data_dir, batch_size, seconds,
+                                              erasing=0.5)
   tfdata, tfdata_ms = tfdata_records_per_sec(data_dir, batch_size, seconds)
-  rates = {QUEUE_INPUT: queue, TFDATA_INPUT: tfdata,
+  rates = {QUEUE_INPUT: queue, ERASING_INPUT: erasing, TFDATA_INPUT: tfdata,
            NUMPY_INPUT: numpy_records_per_sec(data_dir, seconds)}
-  return rates, {QUEUE_INPUT: queue_ms, TFDATA_INPUT: tfdata_ms}
+  return rates, {QUEUE_INPUT: queue_ms, ERASING_INPUT: erasing_ms,
+                 TFDATA_INPUT: tfdata_ms}
 
 
-def queue_records_per_sec(data_dir, batch_size, seconds):
-  """The trainer's queue pipeline, as configured by default: timed_batches'
-  (records/s, CPU ms per record)."""
+def queue_records_per_sec(data_dir, batch_size, seconds, erasing=0.0):
+  """The trainer's queue pipeline, as configured by default (but for
+  --random_erasing): timed_batches' (records/s, CPU ms per record)."""
   with tf.Graph().as_default():
     images, _ = cifar10_input.generate_batch_inputs(
         eval_data=False, shuffle=True, data_dir=data_dir,
-        batch_size=batch_size)
+        batch_size=batch_size, erasing=erasing)
     with tf1.train.MonitoredSession() as sess:
       return timed_batches(lambda: sess.run(images.op), batch_size, seconds)
 
