@@ -360,7 +360,11 @@ while :; do
   sleep 0.5
 done
 
-result=$(grep 'Test accuracy' "$log_dir/evaluator.log" | tail -n 1)
+# The reference's test line; with --eval_flips, its figure after it.
+result=$(grep 'Test accuracy = ' "$log_dir/evaluator.log" | tail -n 1)
 [ -n "$result" ] || fail evaluator "printed no test accuracy"
 echo "Final: $result"
+flips=$(grep 'Test accuracy with flips averaged' "$log_dir/evaluator.log" |
+  tail -n 1)
+[ -z "$flips" ] || echo "Final: $flips"
 echo "Results: $train_dir/eval/results.jsonl; logs: $log_dir"

@@ -6,7 +6,6 @@ tests share besides is in helpers.py (importing it sets up the suite's
 environment: see suite_env.from_caller)."""
 
 import fcntl
-import itertools
 import os
 
 import pytest
@@ -46,22 +45,11 @@ def pytest_configure(config):
 
 @pytest.hookimpl(trylast=True)  # After pytest's own reordering.
 def pytest_collection_modifyitems(items):
-  """The slow tests first on every pytest-xdist worker, the quick ones
-  after them, so that the run ends on quick tests on both: worksteal hands
-  each worker a contiguous share of this order and steals from a share's
-  end. Each share gets every Nth file's slow tests, then every Nth file's
-  quick ones: a file's module fixtures are built once a share."""
-  workers = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1'))
-
-  def by_file(group):
-    return [list(tests) for _, tests in itertools.groupby(
-        group, key=lambda item: item.nodeid.split('::')[0])]
-
-  slow = by_file(i for i in items if i.get_closest_marker('slow'))
-  quick = by_file(i for i in items if not i.get_closest_marker('slow'))
-  items[:] = [item for k in range(workers)
-              for tests in slow[k::workers] + quick[k::workers]
-              for item in tests]
+  """The slow tests first, each group in its files' order: pytest-xdist's
+  worksteal hands one worker the slow ones, the other the quick ones and
+  then half of what is left, so that no long test starts last. (Slow
+  tests on both workers at once ran the suite 40% longer on 2 cores.)"""
+  items.sort(key=lambda item: item.get_closest_marker('slow') is None)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -95,7 +95,7 @@ def test_script_runs_a_cluster_with_an_evaluator(tmp_path, tiny_data,
         '0.01 (9 examples)\n' % kind)
   proc = run_script(tmp_path, tiny_data, '--num_ps=2', '--num_workers=3',
                     '--max_steps=20', *FAST, '-train_dir', str(train_dir),
-                    '--fresh_start=t')
+                    '--fresh_start=t', '--eval_flips')
   script_procs.append(proc)
   assert proc.wait(timeout=240) == 0, (tmp_path / 'script.out').read_text()
   out = (tmp_path / 'script.out').read_text()
@@ -115,6 +115,11 @@ def test_script_runs_a_cluster_with_an_evaluator(tmp_path, tiny_data,
   results = [json.loads(l) for l in lines.splitlines()]
   assert results[-1]['step'] == 20 and results[-1]['examples'] == 50
   assert results[-1]['accuracy'] == float(final.group(1))
+  # With --eval_flips, its figure on the next line, the plain one first.
+  flips = re.search(r'^Final: .*: step 20, Test accuracy with flips '
+                    r'averaged = (\d\.\d{4}) \(--eval_flips\)$', out, re.M)
+  assert flips and flips.start() > final.start(), out
+  assert '%.4f' % results[-1]['accuracy_flips'] == flips.group(1)
   assert results[-1]['checkpoint'].endswith('model.ckpt-20')
   assert sorted(os.listdir(tmp_path / 'logs')) == [
       'evaluator.log', 'previous', 'ps0.log', 'ps1.log', 'worker0.log',
