@@ -60,45 +60,46 @@ def run_cluster(procs, data_dir, train_dir, workers, max_steps, suffix,
   return procs.log('worker0' + suffix)
 
 
+def derived(decay, gradients):
+  """The chief's line for a decay of 0.995^gradients, written out."""
+  return ("Worker 0: BatchNorm's moving statistics keep %s an update "
+          '(0.995^%d: %d gradients an update; --batch_norm_decay sets '
+          'another)' % (decay, gradients, gradients))
+
+
+# One train_dir resumed run after run: (suffix, workers, max_steps, flags,
+# the chief's line or None, the decay).
+RUNS = [
+    ('', 2, 4, [], derived('0.99', 2), 0.995**2),
+    # Resumed by 3 workers: their own count.
+    ('_three', 3, 8, [], derived('0.9851', 3), 0.995**3),
+    # 3 workers of which 2 make an update (one a backup): the gradients an
+    # update aggregates, not the workers.
+    ('_backup', 3, 12, ['--replicas_to_aggregate=2'], derived('0.99', 2),
+     0.995**2),
+    # Asynchronous: each worker's step updates them, as one process's.
+    ('_async', 2, 16, ['--nosync_replicas'], None, 0.995),
+    # A value given wins, whatever the workers.
+    ('_given', 2, 20, ['--batch_norm_decay=0.9'],
+     "Worker 0: BatchNorm's moving statistics keep 0.9 an update "
+     '(--batch_norm_decay)', 0.9),
+]
+
+
 @pytest.mark.slow
 def test_the_decay_follows_the_gradients_an_update_aggregates(
     procs, tiny_data, tmp_path):
   train_dir = str(tmp_path / 'train')
-  # One process beside it: a statistic updated every batch, 0.995.
+  # One process beside the first run: a statistic updated every batch.
   alone = str(tmp_path / 'alone')
   procs.trainer('alone', *single_process_flags(tiny_data, alone),
                 '--max_steps=3')
-  log = run_cluster(procs, tiny_data, train_dir, 2, 4, '')
-  assert chief_line(log) == (
-      "Worker 0: BatchNorm's moving statistics keep 0.99 an update (0.995^2:"
-      ' 2 gradients an update; --batch_norm_decay sets another)')
-  assert_decays(train_dir, 0.995**2)
+  for suffix, workers, max_steps, flags, line, decay in RUNS:
+    log = run_cluster(procs, tiny_data, train_dir, workers, max_steps,
+                      suffix, *flags)
+    assert chief_line(log) == line, suffix
+    assert_decays(train_dir, decay)
   assert chief_line(procs.log('worker1')) is None  # The chief's alone.
   assert chief_line(procs.log('alone')) is None
   assert_decays(alone, 0.995)
-  # Resumed by 3 workers: their own count.
-  log = run_cluster(procs, tiny_data, train_dir, 3, 8, '_three')
-  assert chief_line(log) == (
-      "Worker 0: BatchNorm's moving statistics keep 0.9851 an update "
-      '(0.995^3: 3 gradients an update; --batch_norm_decay sets another)')
-  assert_decays(train_dir, 0.995**3)
-  # 3 workers of which 2 make an update (one a backup): the gradients an
-  # update aggregates, not the workers.
-  log = run_cluster(procs, tiny_data, train_dir, 3, 12, '_backup',
-                    '--replicas_to_aggregate=2')
-  assert chief_line(log) == (
-      "Worker 0: BatchNorm's moving statistics keep 0.99 an update (0.995^2:"
-      ' 2 gradients an update; --batch_norm_decay sets another)')
-  assert_decays(train_dir, 0.995**2)
-  # Asynchronous: each worker's step updates them, as one process's.
-  log = run_cluster(procs, tiny_data, train_dir, 2, 16, '_async',
-                    '--nosync_replicas')
-  assert chief_line(log) is None
-  assert_decays(train_dir, 0.995)
-  # A value given wins, whatever the workers.
-  log = run_cluster(procs, tiny_data, train_dir, 2, 20, '_given',
-                    '--batch_norm_decay=0.9')
-  assert chief_line(log) == ("Worker 0: BatchNorm's moving statistics keep "
-                             '0.9 an update (--batch_norm_decay)')
-  assert_decays(train_dir, 0.9)
   assert_clean_logs(procs)
